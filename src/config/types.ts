@@ -1,0 +1,86 @@
+import type { Price } from '../money.js';
+
+/** A limit value: a non-negative integer, or null for "no limit". */
+export type Limit = number | null;
+
+export interface ServerConfig {
+  host: string;
+  port: number;
+  maxBodyBytes: number;
+  requestTimeoutMs: number;
+  drainDelayMs: number;
+  drainTimeoutMs: number;
+  metrics: boolean;
+}
+
+export type LimiterConfig =
+  | { store: 'memory' }
+  | { store: 'redis'; url: string; prefix: string; timeoutMs: number };
+
+export type LedgerConfig = { store: 'memory' } | { store: 'file'; dir: string };
+
+export interface PlanConfig {
+  name: string;
+  rpm: Limit;
+  concurrency: Limit;
+  dailyCapMicro: Limit;
+}
+
+export interface AccountConfig {
+  id: string;
+  plan: string;
+  /** Overrides of the plan's limits; undefined inherits the plan's value. */
+  rpm: Limit | undefined;
+  concurrency: Limit | undefined;
+  dailyCapMicro: Limit | undefined;
+  /** Initial prepaid credit; null means the account is postpaid. */
+  balanceMicro: number | null;
+}
+
+export interface KeyConfig {
+  id: string;
+  account: string;
+  /** Lowercase hex SHA-256 of the key; a plaintext `key` in the file is hashed at load and dropped. */
+  sha256: string;
+  /** Allowed model ids; null = every model. */
+  models: string[] | null;
+  rpm: Limit;
+  concurrency: Limit;
+  disabled: boolean;
+}
+
+export interface ModelConfig {
+  id: string;
+  provider: string;
+  upstreamModel: string;
+  price: Price;
+  maxOutputTokens: number;
+}
+
+export type Protocol = 'openai' | 'anthropic' | 'mock';
+
+export interface ProviderConfig {
+  id: string;
+  protocol: Protocol;
+  baseUrl: string;
+  /** The provider credential read from `apiKeyEnv` at load, or null when none is needed. */
+  apiKey: string | null;
+  timeoutMs: number;
+  streamIdleTimeoutMs: number;
+  /** Mock only: delay before the first byte. */
+  latencyMs: number;
+  /** Mock only: pacing of streamed output, one chunk per token; 0 = as fast as possible. */
+  tokensPerSecond: number;
+}
+
+/** A validated, normalised configuration. Money is integer micro-dollars throughout. */
+export interface GatewayConfig {
+  server: ServerConfig;
+  limiter: LimiterConfig;
+  ledger: LedgerConfig;
+  plans: Map<string, PlanConfig>;
+  accounts: Map<string, AccountConfig>;
+  keys: Map<string, KeyConfig>;
+  models: Map<string, ModelConfig>;
+  providers: Map<string, ProviderConfig>;
+}

@@ -1,0 +1,380 @@
+import { hash } from 'node:crypto';
+import { isAbsolute, resolve } from 'node:path';
+import { FREE, parseUsd, type Price } from '../money.js';
+import type {
+  AccountConfig, GatewayConfig, KeyConfig, LedgerConfig, Limit, LimiterConfig, ModelConfig, PlanConfig,
+  Protocol, ProviderConfig, ServerConfig,
+} from './types.js';
+
+export interface ValidateOptions {
+  /** Folder that relative paths (ledger.dir) resolve against. */
+  baseDir: string;
+  /** Environment that `apiKeyEnv` names are read from. */
+  env: Record<string, string | undefined>;
+}
+
+export type ValidateResult =
+  | { ok: true; config: GatewayConfig; warnings: string[] }
+  | { ok: false; errors: string[] };
+
+type Obj = Record<string, unknown>;
+
+const SERVER_DEFAULTS: ServerConfig = {
+  host: '127.0.0.1', port: 8080, maxBodyBytes: 4_194_304, requestTimeoutMs: 30_000,
+  drainDelayMs: 0, drainTimeoutMs: 30_000, metrics: true,
+};
+
+const DEFAULT_BASE_URL: Record<Protocol, string> = {
+  openai: 'https://api.openai.com/v1', anthropic: 'https://api.anthropic.com', mock: '',
+};
+
+const ID = /^[A-Za-z0-9._:@/-]{1,128}$/;
+const HEX64 = /^[0-9a-f]{64}$/;
+
+/** `a.b.c`, with `["..."]` for segments that would not read well after a dot. */
+export function joinPath(base: string, segment: string | number): string {
+  if (typeof segment === 'number') return `${base}[${segment}]`;
+  const part = /^[A-Za-z0-9_$-]+$/.test(segment) ? segment : `[${JSON.stringify(segment)}]`;
+  if (base === '') return part;
+  return part.startsWith('[') ? base + part : `${base}.${part}`;
+}
+
+function isObj(value: unknown): value is Obj {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+/** Collects every problem, each named by its JSON path, so one run reports them all. */
+class Checker {
+  readonly errors: string[] = [];
+  readonly warnings: string[] = [];
+
+  fail(path: string, message: string): void {
+    this.errors.push(`${path || '(root)'}: ${message}`);
+  }
+
+  object(path: string, value: unknown, allowed: readonly string[]): Obj | null {
+    if (!isObj(value)) {
+      this.fail(path, 'must be an object');
+      return null;
+    }
+    for (const key of Object.keys(value)) {
+      if (!allowed.includes(key)) this.fail(joinPath(path, key), `unknown key (allowed: ${allowed.join(', ')})`);
+    }
+    return value;
+  }
+
+  /** An object whose keys are ids (plans, accounts, ...). */
+  record(path: string, value: unknown): Obj {
+    if (value === undefined) return {};
+    if (!isObj(value)) {
+      this.fail(path, 'must be an object keyed by id');
+      return {};
+    }
+    for (const id of Object.keys(value)) {
+      if (!ID.test(id)) this.fail(joinPath(path, id), 'id must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / -');
+    }
+    return value;
+  }
+
+  int(path: string, value: unknown, min: number, max: number, fallback: number): number {
+    if (value === undefined) return fallback;
+    if (typeof value !== 'number' || !Number.isInteger(value) || value < min || value > max) {
+      this.fail(path, `must be an integer from ${min} to ${max}`);
+      return fallback;
+    }
+    return value;
+  }
+
+  bool(path: string, value: unknown, fallback: boolean): boolean {
+    if (value === undefined) return fallback;
+    if (typeof value !== 'boolean') {
+      this.fail(path, 'must be true or false');
+      return fallback;
+    }
+    return value;
+  }
+
+  string(path: string, value: unknown, fallback: string): string {
+    if (value === undefined) return fallback;
+    if (typeof value !== 'string' || value === '') {
+      this.fail(path, 'must be a non-empty string');
+      return fallback;
+    }
+    return value;
+  }
+
+  /** A limit: a non-negative integer or "unlimited"; undefined when absent. */
+  limit(path: string, value: unknown): Limit | undefined {
+    if (value === undefined) return undefined;
+    if (value === 'unlimited' || value === null) return null;
+    if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > 1_000_000_000) {
+      this.fail(path, 'must be a non-negative integer or "unlimited"');
+      return undefined;
+    }
+    return value;
+  }
+
+  /** A USD amount (number or decimal string) as micro-dollars, >= 0; undefined when absent. */
+  money(path: string, value: unknown): number | undefined {
+    if (value === undefined) return undefined;
+    const micro = parseUsd(value);
+    if (typeof micro === 'string') {
+      this.fail(path, micro);
+      return undefined;
+    }
+    if (micro < 0) {
+      this.fail(path, 'must not be negative');
+      return undefined;
+    }
+    return micro;
+  }
+
+  /** A daily cap: an amount or "unlimited"; undefined when absent. */
+  cap(path: string, value: unknown): Limit | undefined {
+    if (value === 'unlimited' || value === null) return null;
+    return this.money(path, value);
+  }
+}
+
+/** Validates a parsed config file (or the demo object) against CONTRACT section 2. */
+export function validateConfig(raw: unknown, options: ValidateOptions): ValidateResult {
+  const c = new Checker();
+  const root = c.object('', raw, ['server', 'limiter', 'ledger', 'plans', 'accounts', 'keys', 'models', 'providers']);
+  if (root === null) return { ok: false, errors: c.errors };
+
+  const server = checkServer(c, root.server);
+  const limiter = checkLimiter(c, root.limiter);
+  const ledger = checkLedger(c, root.ledger, options.baseDir);
+  const providers = checkProviders(c, c.record('providers', root.providers), options.env);
+  const models = checkModels(c, c.record('models', root.models), providers);
+  const plans = checkPlans(c, c.record('plans', root.plans));
+  const accounts = checkAccounts(c, c.record('accounts', root.accounts), plans);
+  const keys = checkKeys(c, c.record('keys', root.keys), accounts, models);
+
+  if (c.errors.length > 0) return { ok: false, errors: c.errors };
+  return { ok: true, config: { server, limiter, ledger, plans, accounts, keys, models, providers }, warnings: c.warnings };
+}
+
+function checkServer(c: Checker, value: unknown): ServerConfig {
+  if (value === undefined) return { ...SERVER_DEFAULTS };
+  const o = c.object('server', value, Object.keys(SERVER_DEFAULTS));
+  if (o === null) return { ...SERVER_DEFAULTS };
+  const d = SERVER_DEFAULTS;
+  return {
+    host: c.string('server.host', o.host, d.host),
+    port: c.int('server.port', o.port, 0, 65535, d.port),
+    maxBodyBytes: c.int('server.maxBodyBytes', o.maxBodyBytes, 1, 1 << 30, d.maxBodyBytes),
+    requestTimeoutMs: c.int('server.requestTimeoutMs', o.requestTimeoutMs, 1, 3_600_000, d.requestTimeoutMs),
+    drainDelayMs: c.int('server.drainDelayMs', o.drainDelayMs, 0, 3_600_000, d.drainDelayMs),
+    drainTimeoutMs: c.int('server.drainTimeoutMs', o.drainTimeoutMs, 0, 3_600_000, d.drainTimeoutMs),
+    metrics: c.bool('server.metrics', o.metrics, d.metrics),
+  };
+}
+
+function checkLimiter(c: Checker, value: unknown): LimiterConfig {
+  if (value === undefined) return { store: 'memory' };
+  const o = c.object('limiter', value, ['store', 'url', 'prefix', 'timeoutMs']);
+  if (o === null) return { store: 'memory' };
+  if (o.store === undefined || o.store === 'memory') {
+    for (const key of ['url', 'prefix', 'timeoutMs']) {
+      if (o[key] !== undefined) c.fail(`limiter.${key}`, 'applies only to store "redis"');
+    }
+    return { store: 'memory' };
+  }
+  if (o.store !== 'redis') {
+    c.fail('limiter.store', `must be "memory" or "redis", got ${JSON.stringify(o.store)}`);
+    return { store: 'memory' };
+  }
+  if (o.url === undefined) c.fail('limiter.url', 'is required when store is "redis"');
+  return {
+    store: 'redis',
+    url: c.string('limiter.url', o.url, ''),
+    prefix: c.string('limiter.prefix', o.prefix, 'mg:'),
+    timeoutMs: c.int('limiter.timeoutMs', o.timeoutMs, 1, 60_000, 100),
+  };
+}
+
+function checkLedger(c: Checker, value: unknown, baseDir: string): LedgerConfig {
+  const fileAt = (dir: string): LedgerConfig => ({ store: 'file', dir: isAbsolute(dir) ? dir : resolve(baseDir, dir) });
+  if (value === undefined) return fileAt('data');
+  const o = c.object('ledger', value, ['store', 'dir']);
+  if (o === null) return { store: 'memory' };
+  if (o.store === 'memory') {
+    if (o.dir !== undefined) c.fail('ledger.dir', 'applies only to store "file"');
+    return { store: 'memory' };
+  }
+  if (o.store !== undefined && o.store !== 'file') {
+    c.fail('ledger.store', `must be "memory" or "file", got ${JSON.stringify(o.store)}`);
+    return { store: 'memory' };
+  }
+  return fileAt(c.string('ledger.dir', o.dir, 'data'));
+}
+
+const PROVIDER_KEYS: Record<Protocol, readonly string[]> = {
+  openai: ['protocol', 'baseUrl', 'apiKeyEnv', 'timeoutMs', 'streamIdleTimeoutMs'],
+  anthropic: ['protocol', 'baseUrl', 'apiKeyEnv', 'timeoutMs', 'streamIdleTimeoutMs'],
+  mock: ['protocol', 'latencyMs', 'tokensPerSecond'],
+};
+
+function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): Map<string, ProviderConfig> {
+  const out = new Map<string, ProviderConfig>();
+  for (const [id, value] of Object.entries(record)) {
+    const path = joinPath('providers', id);
+    const protocol = isObj(value) ? value.protocol : undefined;
+    if (protocol !== 'openai' && protocol !== 'anthropic' && protocol !== 'mock') {
+      if (isObj(value)) c.fail(`${path}.protocol`, 'must be "openai", "anthropic" or "mock"');
+      else c.fail(path, 'must be an object');
+      continue;
+    }
+    const o = c.object(path, value, PROVIDER_KEYS[protocol]);
+    if (o === null) continue;
+    let baseUrl = DEFAULT_BASE_URL[protocol];
+    if (protocol !== 'mock' && o.baseUrl !== undefined) {
+      baseUrl = c.string(`${path}.baseUrl`, o.baseUrl, baseUrl);
+      let url: URL | null = null;
+      try { url = new URL(baseUrl); } catch { /* reported below */ }
+      if (url === null || (url.protocol !== 'http:' && url.protocol !== 'https:')) {
+        c.fail(`${path}.baseUrl`, `must be an http:// or https:// URL, got ${JSON.stringify(o.baseUrl)}`);
+      }
+      baseUrl = baseUrl.replace(/\/+$/, '');
+    }
+    let apiKey: string | null = null;
+    if (o.apiKeyEnv !== undefined) {
+      const name = c.string(`${path}.apiKeyEnv`, o.apiKeyEnv, '');
+      const found = name === '' ? undefined : env[name];
+      if (name !== '' && (found === undefined || found === '')) {
+        c.fail(`${path}.apiKeyEnv`, `environment variable ${name} is not set`);
+      }
+      apiKey = found ?? null;
+    }
+    out.set(id, {
+      id, protocol, baseUrl, apiKey,
+      timeoutMs: c.int(`${path}.timeoutMs`, o.timeoutMs, 1, 3_600_000, 60_000),
+      streamIdleTimeoutMs: c.int(`${path}.streamIdleTimeoutMs`, o.streamIdleTimeoutMs, 1, 3_600_000, 120_000),
+      latencyMs: c.int(`${path}.latencyMs`, o.latencyMs, 0, 600_000, 0),
+      tokensPerSecond: c.int(`${path}.tokensPerSecond`, o.tokensPerSecond, 0, 1_000_000, 0),
+    });
+  }
+  return out;
+}
+
+function checkPrice(c: Checker, path: string, value: unknown): Price {
+  if (value === undefined) return FREE;
+  const o = c.object(path, value, ['inputPerMillion', 'outputPerMillion', 'cacheReadPerMillion', 'cacheWritePerMillion']);
+  if (o === null) return FREE;
+  return {
+    input: c.money(`${path}.inputPerMillion`, o.inputPerMillion) ?? 0,
+    output: c.money(`${path}.outputPerMillion`, o.outputPerMillion) ?? 0,
+    cacheRead: c.money(`${path}.cacheReadPerMillion`, o.cacheReadPerMillion) ?? 0,
+    cacheWrite: c.money(`${path}.cacheWritePerMillion`, o.cacheWritePerMillion) ?? 0,
+  };
+}
+
+function checkModels(c: Checker, record: Obj, providers: Map<string, ProviderConfig>): Map<string, ModelConfig> {
+  const out = new Map<string, ModelConfig>();
+  for (const [id, value] of Object.entries(record)) {
+    const path = joinPath('models', id);
+    const o = c.object(path, value, ['provider', 'upstreamModel', 'price', 'maxOutputTokens']);
+    if (o === null) continue;
+    const provider = c.string(`${path}.provider`, o.provider, '');
+    if (o.provider === undefined) c.fail(`${path}.provider`, 'is required');
+    else if (provider !== '' && !providers.has(provider)) c.fail(`${path}.provider`, `unknown provider ${JSON.stringify(provider)}`);
+    out.set(id, {
+      id, provider,
+      upstreamModel: c.string(`${path}.upstreamModel`, o.upstreamModel, id),
+      price: checkPrice(c, `${path}.price`, o.price),
+      maxOutputTokens: c.int(`${path}.maxOutputTokens`, o.maxOutputTokens, 1, 10_000_000, 4096),
+    });
+  }
+  return out;
+}
+
+function checkPlans(c: Checker, record: Obj): Map<string, PlanConfig> {
+  const out = new Map<string, PlanConfig>();
+  for (const [name, value] of Object.entries(record)) {
+    const path = joinPath('plans', name);
+    const o = c.object(path, value, ['rpm', 'concurrency', 'dailyCapUsd']);
+    if (o === null) continue;
+    out.set(name, {
+      name,
+      rpm: c.limit(`${path}.rpm`, o.rpm) ?? null,
+      concurrency: c.limit(`${path}.concurrency`, o.concurrency) ?? null,
+      dailyCapMicro: c.cap(`${path}.dailyCapUsd`, o.dailyCapUsd) ?? null,
+    });
+  }
+  return out;
+}
+
+function checkAccounts(c: Checker, record: Obj, plans: Map<string, PlanConfig>): Map<string, AccountConfig> {
+  const out = new Map<string, AccountConfig>();
+  for (const [id, value] of Object.entries(record)) {
+    const path = joinPath('accounts', id);
+    const o = c.object(path, value, ['plan', 'rpm', 'concurrency', 'dailyCapUsd', 'balanceUsd']);
+    if (o === null) continue;
+    const plan = c.string(`${path}.plan`, o.plan, '');
+    if (o.plan === undefined) c.fail(`${path}.plan`, 'is required');
+    else if (plan !== '' && !plans.has(plan)) c.fail(`${path}.plan`, `unknown plan ${JSON.stringify(plan)}`);
+    out.set(id, {
+      id, plan,
+      rpm: c.limit(`${path}.rpm`, o.rpm),
+      concurrency: c.limit(`${path}.concurrency`, o.concurrency),
+      dailyCapMicro: c.cap(`${path}.dailyCapUsd`, o.dailyCapUsd),
+      balanceMicro: c.money(`${path}.balanceUsd`, o.balanceUsd) ?? null,
+    });
+  }
+  return out;
+}
+
+function checkKeys(
+  c: Checker, record: Obj, accounts: Map<string, AccountConfig>, models: Map<string, ModelConfig>,
+): Map<string, KeyConfig> {
+  const out = new Map<string, KeyConfig>();
+  const seenHashes = new Map<string, string>();
+  for (const [id, value] of Object.entries(record)) {
+    const path = joinPath('keys', id);
+    const o = c.object(path, value, ['account', 'sha256', 'key', 'models', 'rpm', 'concurrency', 'disabled']);
+    if (o === null) continue;
+    const account = c.string(`${path}.account`, o.account, '');
+    if (o.account === undefined) c.fail(`${path}.account`, 'is required');
+    else if (account !== '' && !accounts.has(account)) c.fail(`${path}.account`, `unknown account ${JSON.stringify(account)}`);
+
+    let sha256 = '';
+    if ((o.sha256 === undefined) === (o.key === undefined)) {
+      c.fail(path, 'needs exactly one of "sha256" (production) or "key" (plaintext, development only)');
+    } else if (o.sha256 !== undefined) {
+      if (typeof o.sha256 !== 'string' || !HEX64.test(o.sha256.toLowerCase())) {
+        c.fail(`${path}.sha256`, 'must be 64 hexadecimal characters (see `model-gateway hash-key KEY`)');
+      } else sha256 = o.sha256.toLowerCase();
+    } else if (typeof o.key !== 'string' || o.key.length === 0) {
+      c.fail(`${path}.key`, 'must be a non-empty string');
+    } else {
+      sha256 = hash('sha256', o.key);
+      c.warnings.push(`${path}.key: plaintext key in the config file; use "sha256" in production`);
+    }
+    if (sha256 !== '') {
+      const other = seenHashes.get(sha256);
+      if (other !== undefined) c.fail(path, `has the same key as keys.${other}`);
+      seenHashes.set(sha256, id);
+    }
+
+    let allowed: string[] | null = null;
+    if (o.models !== undefined) {
+      if (!Array.isArray(o.models)) c.fail(`${path}.models`, 'must be an array of model ids');
+      else {
+        allowed = [];
+        o.models.forEach((m: unknown, i: number) => {
+          if (typeof m !== 'string' || !models.has(m)) {
+            c.fail(joinPath(`${path}.models`, i), `unknown model ${JSON.stringify(m)}`);
+          } else allowed!.push(m);
+        });
+      }
+    }
+    out.set(id, {
+      id, account, sha256, models: allowed,
+      rpm: c.limit(`${path}.rpm`, o.rpm) ?? null,
+      concurrency: c.limit(`${path}.concurrency`, o.concurrency) ?? null,
+      disabled: c.bool(`${path}.disabled`, o.disabled, false),
+    });
+  }
+  return out;
+}

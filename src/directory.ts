@@ -1,0 +1,132 @@
+import type { GatewayConfig, Limit, ProviderConfig } from './config/types.js';
+import { isFree, type Price } from './money.js';
+
+/** An account with its plan's limits resolved (account overrides win). */
+export interface AccountEntry {
+  readonly id: string;
+  readonly plan: string;
+  readonly rpm: Limit;
+  readonly concurrency: Limit;
+  readonly dailyCapMicro: Limit;
+  /** Prepaid accounts are refused once their balance is spent. */
+  readonly prepaid: boolean;
+  /** The one-time credit given when the account first appears in the ledger (0 if postpaid). */
+  readonly initialCreditMicro: number;
+}
+
+export interface KeyEntry {
+  readonly id: string;
+  readonly account: AccountEntry;
+  /** Per-key limits, counted in addition to the account's; null = none. */
+  readonly rpm: Limit;
+  readonly concurrency: Limit;
+  readonly disabled: boolean;
+  /** null = every model. */
+  readonly models: ReadonlySet<string> | null;
+  /** The `/v1/models` answer for this key, built once per config (hot path). */
+  readonly modelsBody: Buffer;
+}
+
+export interface ModelEntry {
+  /** The id the client used (a `-thinking` variant keeps its suffix here). */
+  readonly id: string;
+  /** The configured model this id resolves to (access and price come from it). */
+  readonly baseId: string;
+  readonly provider: ProviderConfig;
+  readonly upstreamModel: string;
+  readonly price: Price;
+  readonly billable: boolean;
+  readonly maxOutputTokens: number;
+  /** True for a `-thinking` variant: extended thinking is turned on upstream. */
+  readonly thinking: boolean;
+  /** The `/v1/models/{id}` answer. */
+  readonly objectBody: Buffer;
+}
+
+const THINKING = '-thinking';
+
+/**
+ * The runtime view of a config: keys by hash, accounts with resolved limits, models with
+ * their precomputed answers. Immutable; a reload builds a new one (limiter state is keyed by
+ * id and lives elsewhere, so counters survive).
+ */
+export class Directory {
+  readonly accounts = new Map<string, AccountEntry>();
+  readonly keys = new Map<string, KeyEntry>();
+  private readonly byHash = new Map<string, KeyEntry>();
+  private readonly models = new Map<string, ModelEntry>();
+  private readonly variants = new Map<string, ModelEntry>();
+
+  constructor(readonly config: GatewayConfig, createdS: number) {
+    for (const [id, m] of config.models) {
+      const provider = config.providers.get(m.provider)!;
+      const entry: ModelEntry = {
+        id, baseId: id, provider, upstreamModel: m.upstreamModel, price: m.price, billable: !isFree(m.price),
+        maxOutputTokens: m.maxOutputTokens, thinking: false,
+        objectBody: Buffer.from(JSON.stringify(modelObject(id, createdS, provider.id))),
+      };
+      this.models.set(id, entry);
+      if (!id.endsWith(THINKING)) this.variants.set(id + THINKING, { ...entry, id: id + THINKING, thinking: true });
+    }
+    for (const [id, a] of config.accounts) {
+      const plan = config.plans.get(a.plan)!;
+      this.accounts.set(id, {
+        id, plan: a.plan,
+        rpm: a.rpm !== undefined ? a.rpm : plan.rpm,
+        concurrency: a.concurrency !== undefined ? a.concurrency : plan.concurrency,
+        dailyCapMicro: a.dailyCapMicro !== undefined ? a.dailyCapMicro : plan.dailyCapMicro,
+        prepaid: a.balanceMicro !== null,
+        initialCreditMicro: a.balanceMicro ?? 0,
+      });
+    }
+    // Keys with the same model set share one answer body.
+    const bodies = new Map<string, Buffer>();
+    const allIds = [...this.models.keys()];
+    for (const [id, k] of config.keys) {
+      const visible = (k.models ?? allIds).filter((m) => !m.endsWith(THINKING));
+      const listed = [...new Set(visible)].sort();
+      const signature = listed.join('\n');
+      let body = bodies.get(signature);
+      if (body === undefined) {
+        const data = listed.map((m) => modelObject(m, createdS, this.models.get(m)!.provider.id));
+        body = Buffer.from(JSON.stringify({ object: 'list', data }));
+        bodies.set(signature, body);
+      }
+      const entry: KeyEntry = {
+        id, account: this.accounts.get(k.account)!, rpm: k.rpm, concurrency: k.concurrency,
+        disabled: k.disabled, models: k.models === null ? null : new Set(k.models), modelsBody: body,
+      };
+      this.keys.set(id, entry);
+      this.byHash.set(k.sha256, entry);
+    }
+  }
+
+  /** The key whose SHA-256 (lowercase hex) is given, or undefined. */
+  keyByHash(sha256: string): KeyEntry | undefined {
+    return this.byHash.get(sha256);
+  }
+
+  /**
+   * The model `id` as this key may use it, or undefined when it is unknown or not allowed
+   * (the two are indistinguishable to the caller: no existence leak). `-thinking` variants
+   * resolve when their base model is allowed.
+   */
+  resolveModel(key: KeyEntry, id: string): ModelEntry | undefined {
+    const entry = this.models.get(id) ?? this.variants.get(id);
+    if (entry === undefined) return undefined;
+    if (key.models !== null && !key.models.has(entry.baseId)) return undefined;
+    return entry;
+  }
+
+  /** A listed model (no `-thinking` variants), as `/v1/models/{id}` answers it. */
+  listedModel(key: KeyEntry, id: string): ModelEntry | undefined {
+    const entry = this.models.get(id);
+    if (entry === undefined || id.endsWith(THINKING)) return undefined;
+    if (key.models !== null && !key.models.has(id)) return undefined;
+    return entry;
+  }
+}
+
+function modelObject(id: string, created: number, ownedBy: string) {
+  return { id, object: 'model', created, owned_by: ownedBy };
+}

@@ -1,0 +1,177 @@
+import { hash } from 'node:crypto';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import { performance } from 'node:perf_hooks';
+import { systemClock, type Clock } from './clock.js';
+import type { GatewayConfig } from './config/types.js';
+import { Directory } from './directory.js';
+import { GatewayError } from './errors.js';
+import { RequestContext, validIdempotencyKey } from './http/context.js';
+import { sendError, sendErrorSpec } from './http/reply.js';
+import { MemoryLedger } from './ledger/memory.js';
+import type { Ledger, LedgerEntry } from './ledger/types.js';
+import { MemoryLimiter } from './limiter/memory.js';
+import type { Limiter, Rejection } from './limiter/types.js';
+import { Logger } from './log.js';
+import { createProviders } from './providers/index.js';
+import type { Provider } from './providers/types.js';
+import { Router } from './router.js';
+import { registerAccountRoutes } from './routes/account.js';
+import { registerCompletionRoutes } from './routes/completions.js';
+import { registerModelRoutes } from './routes/models.js';
+import { registerProbeRoutes } from './routes/probes.js';
+
+export interface GatewayOptions {
+  clock?: Clock;
+  logger?: Logger;
+  limiter?: Limiter;
+  ledger?: Ledger;
+}
+
+let entryCounter = 0;
+function newEntryId(now: number): string {
+  return `txn_${now.toString(36)}${(++entryCounter).toString(36).padStart(4, '0')}`;
+}
+
+/**
+ * The gateway: config, limiter, ledger and providers composed behind one request handler
+ * that plugs into any node:http server. Knows the order of things; each piece knows its job.
+ */
+export class Gateway {
+  readonly clock: Clock;
+  readonly logger: Logger;
+  readonly limiter: Limiter;
+  readonly ledger: Ledger;
+  readonly router = new Router<Gateway>();
+  directory: Directory;
+  providers: Map<string, Provider>;
+  draining = false;
+  /** Requests admitted and not yet finished (for the drain). */
+  inFlight = 0;
+  private readonly createdS: number;
+
+  constructor(config: GatewayConfig, options: GatewayOptions = {}) {
+    this.clock = options.clock ?? systemClock;
+    this.logger = options.logger ?? new Logger();
+    this.limiter = options.limiter ?? new MemoryLimiter(this.clock);
+    this.ledger = options.ledger ?? new MemoryLedger();
+    this.createdS = Math.floor(this.clock.now() / 1000);
+    this.directory = new Directory(config, this.createdS);
+    this.providers = createProviders(config);
+    registerProbeRoutes(this.router);
+    registerModelRoutes(this.router);
+    registerAccountRoutes(this.router);
+    registerCompletionRoutes(this.router);
+    this.creditNewAccounts();
+  }
+
+  get config(): GatewayConfig {
+    return this.directory.config;
+  }
+
+  /** Swaps in a new config: limits apply to the next request; counters are kept (they are keyed by id). */
+  reload(config: GatewayConfig): void {
+    this.directory = new Directory(config, this.createdS);
+    this.providers = createProviders(config);
+    this.creditNewAccounts();
+  }
+
+  ready(): { ready: true } | { ready: false; reason: string } {
+    if (this.draining) return { ready: false, reason: 'draining' };
+    if (!this.limiter.ready()) return { ready: false, reason: 'limiter_unavailable' };
+    return { ready: true };
+  }
+
+  /** The node:http request listener. Hot path: one context allocation, no awaits before the handler. */
+  readonly handle = (req: IncomingMessage, res: ServerResponse): void => {
+    const ctx = new RequestContext(req, performance.now());
+    if (this.draining) ctx.closeConnection = true;
+    const route = this.router.find(ctx);
+    if (route === undefined) return sendError(ctx, res, 'not_found', this.done);
+    if (route.anthropic) ctx.anthropic = true;
+    const handler = route.methods[ctx.method];
+    if (handler === undefined) return sendError(ctx, res, 'method_not_allowed', this.done, {}, ['allow', route.allow]);
+    if (route.auth) {
+      if (ctx.apiKey === null) {
+        return sendError(ctx, res, 'invalid_api_key', this.done, { message: 'x-api-key and Authorization carry different keys.' });
+      }
+      if (ctx.apiKey === '') return sendError(ctx, res, 'missing_api_key', this.done);
+      const key = this.directory.keyByHash(hash('sha256', ctx.apiKey));
+      if (key === undefined || key.disabled) return sendError(ctx, res, 'invalid_api_key', this.done);
+      ctx.key = key;
+      if (ctx.idempotencyKey !== undefined && !validIdempotencyKey(ctx.idempotencyKey)) {
+        return sendError(ctx, res, 'invalid_idempotency_key', this.done);
+      }
+    }
+    try {
+      handler(this, ctx, req, res);
+    } catch (err) {
+      this.fault(ctx, res, err);
+    }
+  };
+
+  /** Writes the access log line, once per request. */
+  readonly done = (ctx: RequestContext): void => {
+    if (ctx.logged) return;
+    ctx.logged = true;
+    this.logger.access(ctx.id, ctx.method, ctx.path, ctx.status, performance.now() - ctx.startMs, ctx.key?.account.id ?? null);
+  };
+
+  /** Answers a limiter denial with its contract error. */
+  reject(ctx: RequestContext, res: ServerResponse, rejection: Rejection): void {
+    switch (rejection.reason) {
+      case 'daily_cap_exceeded':
+        return sendError(ctx, res, rejection.reason, this.done, {
+          fields: { resets_at: new Date(rejection.resetsAtMs).toISOString() },
+        });
+      case 'rate_limit_exceeded':
+      case 'concurrency_limit_exceeded':
+        return sendError(ctx, res, rejection.reason, this.done, { retryAfterS: rejection.retryAfterMs / 1000 });
+      default:
+        return sendError(ctx, res, rejection.reason, this.done);
+    }
+  }
+
+  /** Answers a fault: a GatewayError with its own code, anything else as a 500 (logged, never shown). */
+  fault(ctx: RequestContext, res: ServerResponse, err: unknown): void {
+    if (err instanceof GatewayError) {
+      return sendErrorSpec(ctx, res, err.code, err.spec, this.done, err.details);
+    }
+    this.logger.error('internal error', { request_id: ctx.id, path: ctx.path, error: String((err as Error)?.stack ?? err) });
+    sendError(ctx, res, 'internal_error', this.done);
+  }
+
+  /**
+   * Runs `then` with a limiter answer that may be a value (memory) or a promise (a remote
+   * store); a store that fails answers 503 through `fault`.
+   */
+  decide<T>(ctx: RequestContext, res: ServerResponse, answer: T | Promise<T>, then: (value: T) => void): void {
+    if (!(answer instanceof Promise)) return then(answer);
+    answer.then((value) => {
+      try {
+        then(value);
+      } catch (err) {
+        this.fault(ctx, res, err);
+      }
+    }, (err: unknown) => this.fault(ctx, res, err instanceof GatewayError ? err : new GatewayError('limiter_unavailable')));
+  }
+
+  /** Records a ledger entry with a fresh id. */
+  record(entry: Omit<LedgerEntry, 'id'>): void | Promise<void> {
+    return this.ledger.append({ id: newEntryId(entry.createdAt), ...entry });
+  }
+
+  /** An account's `balanceUsd` is credited once, when it first appears in the ledger. */
+  private creditNewAccounts(): void {
+    for (const account of this.directory.accounts.values()) {
+      if (!account.prepaid || this.ledger.knowsAccount(account.id)) continue;
+      const credited = this.limiter.credit(account.id, account.initialCreditMicro);
+      const write = (balance: number) => this.record({
+        type: 'credit', accountId: account.id, keyId: null, amountMicro: account.initialCreditMicro, balanceAfterMicro: balance,
+        createdAt: this.clock.now(), requestId: null, model: null, inputTokens: 0, outputTokens: 0, estimated: false,
+        note: 'initial balance from config',
+      });
+      if (credited instanceof Promise) credited.then(write, (err) => this.logger.error('credit failed', { account_id: account.id, error: String(err) }));
+      else write(credited);
+    }
+  }
+}

@@ -1,0 +1,236 @@
+import { DAY_MS, nextUtcMidnight, type Clock } from '../clock.js';
+import {
+  Rejection, type AccountLimits, type AccountSnapshot, type Decision, type InstantDecision, type KeyLimits, type Limiter,
+  type Settlement, type Ticket,
+} from './types.js';
+import { SlidingWindow } from './window.js';
+
+/** RPM window and in-flight count of one account or one key. */
+class RateState {
+  window: SlidingWindow | null = null;
+  inFlight = 0;
+}
+
+/** Today's spend, in-flight reservations and prepaid balance of one account. */
+class MoneyState {
+  day = 0;
+  spentMicro = 0;
+  reservedMicro = 0;
+  balanceMicro = 0;
+}
+
+class MemoryTicket implements Ticket {
+  readonly ok = true as const;
+  settled = false;
+  released = false;
+  constructor(
+    readonly accountId: string,
+    readonly account: RateState,
+    readonly key: RateState | null,
+    readonly money: MoneyState | null,
+    readonly prepaid: boolean,
+    readonly idempotencyId: string | null,
+    readonly reservedMicro: number,
+  ) {}
+}
+
+const ADMITTED: InstantDecision = Object.freeze({ ok: true as const });
+const CONCURRENCY_RETRY_MS = 1000;
+
+/**
+ * Walks a map a few entries at a time and drops idle ones: memory returns after traffic
+ * stops without a timer per key (state also expires on access).
+ */
+class Sweeper<V> {
+  private cursor: Iterator<[string, V]> | null = null;
+  constructor(private readonly map: Map<string, V>, private readonly idle: (value: V, now: number) => boolean) {}
+
+  step(now: number, budget: number): void {
+    for (let i = 0; i < budget; i++) {
+      if (this.cursor === null) this.cursor = this.map.entries();
+      const next = this.cursor.next();
+      if (next.done === true) {
+        this.cursor = null;
+        return;
+      }
+      if (this.idle(next.value[1], now)) this.map.delete(next.value[0]);
+    }
+  }
+}
+
+const rateIdle = (s: RateState, now: number) => s.inFlight === 0 && (s.window === null || s.window.idle(now));
+const moneyIdle = (s: MoneyState, now: number) =>
+  s.reservedMicro === 0 && s.balanceMicro === 0 && (s.spentMicro === 0 || s.day !== Math.floor(now / DAY_MS));
+
+/**
+ * The in-process limiter: every decision synchronous and O(1), time from an injected clock.
+ * Memory is bounded by active accounts and keys (idle ones are swept) plus prepaid balances.
+ */
+export class MemoryLimiter implements Limiter {
+  private readonly accounts = new Map<string, RateState>();
+  private readonly keys = new Map<string, RateState>();
+  private readonly money = new Map<string, MoneyState>();
+  /** `accountId \n Idempotency-Key` of requests still executing. */
+  private readonly inFlightIds = new Set<string>();
+  private readonly sweepAccounts = new Sweeper(this.accounts, rateIdle);
+  private readonly sweepKeys = new Sweeper(this.keys, rateIdle);
+  private readonly sweepMoney = new Sweeper(this.money, moneyIdle);
+
+  constructor(private readonly clock: Clock) {}
+
+  admit(account: AccountLimits, key: KeyLimits, idempotencyKey: string | null, estimateMicro: number | null): Decision {
+    const now = this.clock.now();
+    this.sweep(now);
+    const idempotencyId = idempotencyKey === null ? null : `${account.id}\n${idempotencyKey}`;
+    if (idempotencyId !== null && this.inFlightIds.has(idempotencyId)) return new Rejection('idempotency_conflict', 0);
+
+    let money: MoneyState | null = null;
+    if (estimateMicro !== null) {
+      money = this.moneyOf(account.id, now);
+      // A cap is "reached", not predicted: the request's own estimate is not added.
+      if (account.dailyCapMicro !== null && money.spentMicro + money.reservedMicro >= account.dailyCapMicro) {
+        return new Rejection('daily_cap_exceeded', 0, nextUtcMidnight(now));
+      }
+      if (account.prepaid && money.balanceMicro - money.reservedMicro <= 0) return new Rejection('insufficient_balance', 0);
+    }
+
+    const a = this.rateOf(this.accounts, account.id);
+    const k = key.rpm !== null || key.concurrency !== null ? this.rateOf(this.keys, key.id) : null;
+    const denial = checkRate(now, account, a, key, k);
+    if (denial !== null) return denial;
+
+    // Every check passed: only now take anything.
+    if (account.rpm !== null) a.window!.record(now);
+    a.inFlight++;
+    if (k !== null) {
+      if (key.rpm !== null) k.window!.record(now);
+      k.inFlight++;
+    }
+    if (idempotencyId !== null) this.inFlightIds.add(idempotencyId);
+    const reserved = estimateMicro ?? 0;
+    if (money !== null) money.reservedMicro += reserved;
+    return new MemoryTicket(account.id, a, k, money, account.prepaid, idempotencyId, reserved);
+  }
+
+  admitInstant(account: AccountLimits, key: KeyLimits, idempotencyKey: string | null): InstantDecision {
+    const now = this.clock.now();
+    this.sweep(now);
+    if (idempotencyKey !== null && this.inFlightIds.has(`${account.id}\n${idempotencyKey}`)) {
+      return new Rejection('idempotency_conflict', 0);
+    }
+    const a = this.rateOf(this.accounts, account.id);
+    const k = key.rpm !== null || key.concurrency !== null ? this.rateOf(this.keys, key.id) : null;
+    const denial = checkRate(now, account, a, key, k);
+    if (denial !== null) return denial;
+    if (account.rpm !== null) a.window!.record(now);
+    if (k !== null && key.rpm !== null) k.window!.record(now);
+    return ADMITTED;
+  }
+
+  settle(ticket: Ticket, costMicro: number): Settlement {
+    const t = ticket as MemoryTicket;
+    if (t.settled) return { balanceAfterMicro: t.prepaid ? this.moneyOf(t.accountId, this.clock.now()).balanceMicro : null };
+    t.settled = true;
+    if (t.money !== null) t.money.reservedMicro -= t.reservedMicro;
+    if (costMicro === 0 && !t.prepaid) return { balanceAfterMicro: null };
+    // Spend counts on the UTC day it settles; the state may have rolled over since admission.
+    const money = this.moneyOf(t.accountId, this.clock.now());
+    money.spentMicro += costMicro;
+    if (!t.prepaid) return { balanceAfterMicro: null };
+    money.balanceMicro -= costMicro;
+    return { balanceAfterMicro: money.balanceMicro };
+  }
+
+  release(ticket: Ticket): void {
+    const t = ticket as MemoryTicket;
+    if (t.released) return;
+    t.released = true;
+    if (!t.settled) {
+      t.settled = true;
+      if (t.money !== null) t.money.reservedMicro -= t.reservedMicro;
+    }
+    t.account.inFlight--;
+    if (t.key !== null) t.key.inFlight--;
+    if (t.idempotencyId !== null) this.inFlightIds.delete(t.idempotencyId);
+  }
+
+  credit(accountId: string, amountMicro: number): number {
+    const money = this.moneyOf(accountId, this.clock.now());
+    money.balanceMicro += amountMicro;
+    return money.balanceMicro;
+  }
+
+  snapshot(account: AccountLimits): AccountSnapshot {
+    const now = this.clock.now();
+    const money = this.money.get(account.id);
+    const today = Math.floor(now / DAY_MS);
+    return {
+      balanceMicro: account.prepaid ? (money?.balanceMicro ?? 0) : null,
+      spentTodayMicro: money !== undefined && money.day === today ? money.spentMicro : 0,
+      reservedMicro: money?.reservedMicro ?? 0,
+      inFlight: this.accounts.get(account.id)?.inFlight ?? 0,
+      resetsAtMs: nextUtcMidnight(now),
+    };
+  }
+
+  ready(): boolean {
+    return true;
+  }
+
+  close(): void {}
+
+  /** Sizes of the internal maps (for tests and metrics: they must not grow without bound). */
+  sizes(): { accounts: number; keys: number; money: number; idempotency: number } {
+    return { accounts: this.accounts.size, keys: this.keys.size, money: this.money.size, idempotency: this.inFlightIds.size };
+  }
+
+  private sweep(now: number): void {
+    this.sweepAccounts.step(now, 2);
+    this.sweepKeys.step(now, 1);
+    this.sweepMoney.step(now, 1);
+  }
+
+  private rateOf(map: Map<string, RateState>, id: string): RateState {
+    let state = map.get(id);
+    if (state === undefined) {
+      state = new RateState();
+      map.set(id, state);
+    }
+    return state;
+  }
+
+  private moneyOf(accountId: string, now: number): MoneyState {
+    const day = Math.floor(now / DAY_MS);
+    let state = this.money.get(accountId);
+    if (state === undefined) {
+      state = new MoneyState();
+      state.day = day;
+      this.money.set(accountId, state);
+    } else if (state.day !== day) {
+      state.day = day; // expire on access: a new UTC day starts with no spend
+      state.spentMicro = 0;
+    }
+    return state;
+  }
+}
+
+/** The RPM and concurrency checks for an account and (if it has limits) its key. Nothing is taken. */
+function checkRate(now: number, account: AccountLimits, a: RateState, key: KeyLimits, k: RateState | null): Rejection | null {
+  let wait = 0;
+  if (account.rpm !== null) wait = windowFor(a, account.rpm).waitMs(now);
+  if (k !== null && key.rpm !== null) wait = Math.max(wait, windowFor(k, key.rpm).waitMs(now));
+  if (wait > 0) return new Rejection('rate_limit_exceeded', wait);
+  if ((account.concurrency !== null && a.inFlight >= account.concurrency) ||
+      (k !== null && key.concurrency !== null && k.inFlight >= key.concurrency)) {
+    return new Rejection('concurrency_limit_exceeded', CONCURRENCY_RETRY_MS);
+  }
+  return null;
+}
+
+/** The state's window at the current limit; a changed limit keeps the admissions already counted. */
+function windowFor(state: RateState, rpm: number): SlidingWindow {
+  let window = state.window;
+  if (window === null) window = state.window = new SlidingWindow(rpm);
+  else if (window.capacity !== rpm) window = state.window = window.resized(rpm);
+  return window;
+}

@@ -1,0 +1,172 @@
+#!/usr/bin/env node
+import { hash, randomBytes } from 'node:crypto';
+import { resolve } from 'node:path';
+import { DEMO_KEY, demoConfig } from './config/demo.js';
+import { loadConfigFile } from './config/load.js';
+import type { GatewayConfig } from './config/types.js';
+import { validateConfig, type ValidateResult } from './config/validate.js';
+import { Gateway } from './gateway.js';
+import { Logger } from './log.js';
+import { createGatewayServer, listen } from './server.js';
+
+const USAGE = `Usage:
+  model-gateway [--config FILE] [--host HOST] [--port PORT]   start the gateway (no config: the demo)
+  model-gateway hash-key KEY                                  print the SHA-256 of KEY (for keys.*.sha256)
+  model-gateway new-key                                       print a fresh random key and its SHA-256
+  model-gateway check-config FILE                             validate a config file
+Environment: MODEL_GATEWAY_CONFIG, HOST, PORT (flags win).`;
+
+interface StartOptions {
+  config?: string;
+  host?: string;
+  port?: number;
+}
+
+function fail(message: string): never {
+  process.stderr.write(`${message}\n`);
+  process.exit(1);
+}
+
+function parseStart(args: string[]): StartOptions {
+  const options: StartOptions = {};
+  for (let i = 0; i < args.length; i++) {
+    const arg = args[i]!;
+    const eq = arg.indexOf('=');
+    const name = arg.startsWith('--') && eq !== -1 ? arg.slice(0, eq) : arg;
+    const value = () => {
+      if (eq !== -1 && arg.startsWith('--')) return arg.slice(eq + 1);
+      const next = args[++i];
+      if (next === undefined) fail(`${name} needs a value\n\n${USAGE}`);
+      return next;
+    };
+    switch (name) {
+      case '--config': options.config = value(); break;
+      case '--host': options.host = value(); break;
+      case '--port': options.port = parsePort(value(), '--port'); break;
+      case '--help': case '-h': process.stdout.write(`${USAGE}\n`); process.exit(0);
+      default: fail(`unknown argument ${JSON.stringify(arg)}\n\n${USAGE}`);
+    }
+  }
+  return options;
+}
+
+function parsePort(text: string, from: string): number {
+  const port = Number(text);
+  if (!/^\d+$/.test(text) || port > 65535) fail(`${from}: not a port number: ${JSON.stringify(text)}`);
+  return port;
+}
+
+function report(result: ValidateResult, source: string): GatewayConfig {
+  if (!result.ok) fail(`invalid config ${source}:\n${result.errors.map((e) => `  ${e}`).join('\n')}`);
+  return result.config;
+}
+
+async function start(options: StartOptions): Promise<void> {
+  const file = options.config ?? process.env.MODEL_GATEWAY_CONFIG;
+  const demo = file === undefined || file === '';
+  const result = demo ? validateConfig(demoConfig(), { baseDir: process.cwd(), env: process.env }) : loadConfigFile(file);
+  const config = report(result, demo ? '(embedded demo)' : file);
+  const host = options.host ?? process.env.HOST ?? config.server.host;
+  const envPort = process.env.PORT;
+  const port = options.port ?? (envPort !== undefined && envPort !== '' ? parsePort(envPort, 'PORT') : config.server.port);
+
+  const logger = new Logger();
+  process.stdout.on('error', () => {}); // a closed stdout (EPIPE) must not crash the gateway
+  if (result.ok) for (const warning of result.warnings) logger.warn(warning);
+  if (config.limiter.store === 'redis') fail('limiter.store: "redis" is not available in this build yet; use "memory"');
+  if (config.ledger.store === 'file') {
+    logger.warn('ledger.store "file" is not available in this build yet: using memory (history is lost on restart)', {
+      dir: config.ledger.dir,
+    });
+  }
+  const gateway = new Gateway(config, { logger });
+  const server = createGatewayServer(gateway);
+  let url: string;
+  try {
+    url = await listen(server, port, host);
+  } catch (err) {
+    fail(`cannot listen on ${host}:${port}: ${(err as Error).message}`);
+  }
+  logger.info('listening', { url, config: demo ? 'demo' : resolve(file) });
+  logger.flush();
+  if (demo) printDemoBanner(url);
+
+  process.on('SIGHUP', () => {
+    if (demo) return logger.warn('SIGHUP ignored: the demo configuration has no file to reload');
+    const next = loadConfigFile(file);
+    if (!next.ok) return logger.error('config reload rejected; keeping the running config', { problems: next.errors });
+    gateway.reload(next.config);
+    logger.info('config reloaded', { config: resolve(file) });
+  });
+  let stopping = false;
+  const drain = (signal: string) => {
+    if (stopping) return;
+    stopping = true;
+    gateway.draining = true;
+    const { drainDelayMs, drainTimeoutMs } = gateway.config.server;
+    logger.info('draining', { signal, drain_delay_ms: drainDelayMs, drain_timeout_ms: drainTimeoutMs });
+    setTimeout(() => {
+      const forced = setTimeout(() => {
+        logger.warn('drain timeout: closing remaining connections', { in_flight: gateway.inFlight });
+        server.closeAllConnections();
+      }, drainTimeoutMs);
+      forced.unref();
+      server.close(async () => {
+        clearTimeout(forced);
+        await gateway.ledger.close();
+        await gateway.limiter.close();
+        logger.info('stopped');
+        logger.flush();
+        process.exit(0);
+      });
+      server.closeIdleConnections();
+    }, drainDelayMs);
+  };
+  process.on('SIGTERM', () => drain('SIGTERM'));
+  process.on('SIGINT', () => drain('SIGINT'));
+}
+
+function printDemoBanner(url: string): void {
+  const base = url.replace('://0.0.0.0:', '://127.0.0.1:').replace('://[::]:', '://[::1]:');
+  process.stderr.write(`
+  Model Gateway is running the embedded demo configuration (in-memory state, mock models).
+
+  Demo API key:  ${DEMO_KEY}
+
+  List the models this key may use:
+    curl -s ${base}/v1/models -H "Authorization: Bearer ${DEMO_KEY}"
+
+  Chat with the echo model:
+    curl -s ${base}/v1/chat/completions -H "Authorization: Bearer ${DEMO_KEY}" -H "content-type: application/json" -d '{"model":"echo-1","messages":[{"role":"user","content":"Hello, gateway"}]}'
+
+  Run with your own config:  node dist/main.js --config FILE   (see README.md)
+
+`);
+}
+
+function main(argv: string[]): void {
+  const [command, ...rest] = argv;
+  switch (command) {
+    case 'hash-key':
+      if (rest.length !== 1 || rest[0] === '') fail(`hash-key needs exactly one KEY\n\n${USAGE}`);
+      process.stdout.write(`${hash('sha256', rest[0]!)}\n`);
+      return;
+    case 'new-key': {
+      const key = `sk-mg-${randomBytes(24).toString('base64url')}`;
+      process.stdout.write(`key:    ${key}\nsha256: ${hash('sha256', key)}\n`);
+      return;
+    }
+    case 'check-config': {
+      if (rest.length !== 1) fail(`check-config needs exactly one FILE\n\n${USAGE}`);
+      const result = loadConfigFile(rest[0]!);
+      if (!result.ok) fail(`invalid config ${rest[0]}:\n${result.errors.map((e) => `  ${e}`).join('\n')}`);
+      for (const warning of result.warnings) process.stderr.write(`warning: ${warning}\n`);
+      process.stdout.write(`ok: ${rest[0]} is a valid config\n`);
+      return;
+    }
+    default:
+      start(parseStart(argv)).catch((err: unknown) => fail(`fatal: ${(err as Error).stack ?? String(err)}`));
+  }
+}
+
+main(process.argv.slice(2));

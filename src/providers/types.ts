@@ -1,0 +1,41 @@
+import type { ServerResponse } from 'node:http';
+import type { ModelEntry } from '../directory.js';
+import type { ErrorCode, ErrorDetails } from '../errors.js';
+import type { Usage } from '../money.js';
+
+export type Endpoint = 'chat' | 'messages' | 'embeddings';
+
+/**
+ * One admitted model call as a provider sees it. Providers know nothing of limits: they
+ * answer in the endpoint's protocol, report usage through `settle` before the final bytes,
+ * and stop when the client goes away.
+ */
+export interface Exchange {
+  readonly endpoint: Endpoint;
+  /** The client's parsed, validated request body. */
+  readonly body: Record<string, unknown>;
+  readonly model: ModelEntry;
+  readonly stream: boolean;
+  readonly requestId: string;
+  readonly res: ServerResponse;
+  /** Input size in characters of all message text (the basis of estimates). */
+  readonly inputChars: number;
+  /** The output budget in tokens: the request's max_tokens or the model's default. */
+  readonly maxOutputTokens: number;
+  /** True once the client has gone away. */
+  readonly aborted: boolean;
+  /** Registers what to stop when the client goes away (timers, the upstream request). */
+  onAbort(stop: () => void): void;
+  /** Writes the status line and headers (request ids added) with any extra header pairs. */
+  head(status: number, contentType: string, extra?: string[]): void;
+  /** Counts generated characters relayed so far (the estimate when usage never arrives). */
+  noteOutput(chars: number): void;
+  /** Charges `usage`, then runs `then` (which writes the final bytes). Called once. */
+  settle(usage: Usage, then: () => void): void;
+  /** Answers with a contract error (before any byte was sent) or cuts the stream (after). */
+  fail(code: ErrorCode, details?: ErrorDetails): void;
+}
+
+export interface Provider {
+  handle(exchange: Exchange): void;
+}

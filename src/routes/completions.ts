@@ -1,0 +1,184 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { ModelEntry } from '../directory.js';
+import type { ErrorCode, ErrorDetails } from '../errors.js';
+import type { Gateway } from '../gateway.js';
+import { readBody, type BodyResult } from '../http/body.js';
+import type { RequestContext } from '../http/context.js';
+import { baseHeaders, sendError } from '../http/reply.js';
+import type { Ticket } from '../limiter/types.js';
+import { costMicro, type Usage } from '../money.js';
+import { inputChars, tokensOf } from '../providers/text.js';
+import type { Endpoint, Exchange } from '../providers/types.js';
+import type { Router } from '../router.js';
+import { checkCall, type CallRequest } from './validate.js';
+
+export function registerCompletionRoutes(router: Router<Gateway>): void {
+  router.add('/v1/chat/completions', { auth: true, methods: { POST: modelCall('chat') } });
+  router.add('/v1/messages', { auth: true, anthropic: true, methods: { POST: modelCall('messages') } });
+  router.add('/v1/embeddings', { auth: true, methods: { POST: modelCall('embeddings') } });
+}
+
+/** POST handler of a model call: body, model, admission (contract order), then the provider. */
+function modelCall(endpoint: Endpoint) {
+  return (gw: Gateway, ctx: RequestContext, req: IncomingMessage, res: ServerResponse): void => {
+    readBody(req, gw.config.server.maxBodyBytes).then((result) => {
+      try {
+        afterBody(gw, ctx, res, endpoint, result);
+      } catch (err) {
+        gw.fault(ctx, res, err);
+      }
+    });
+  };
+}
+
+function afterBody(gw: Gateway, ctx: RequestContext, res: ServerResponse, endpoint: Endpoint, result: BodyResult): void {
+  if (!result.ok) {
+    if (result.reason === 'aborted') {
+      ctx.status = 499; // client closed the request; nothing to answer
+      return gw.done(ctx);
+    }
+    ctx.closeConnection = true; // the rest of the body is not read
+    return sendError(ctx, res, 'payload_too_large', gw.done, {
+      message: `The request body is larger than ${gw.config.server.maxBodyBytes} bytes.`,
+    });
+  }
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(result.body.toString('utf8'));
+  } catch {
+    return sendError(ctx, res, 'invalid_json', gw.done);
+  }
+  const checked = checkCall(endpoint, parsed);
+  if (!checked.ok) return sendError(ctx, res, 'invalid_request', gw.done, { message: checked.message, fields: { param: checked.param || null } });
+  const call = checked.call;
+  const key = ctx.key!;
+  const model = gw.directory.resolveModel(key, call.model);
+  if (model === undefined) {
+    return sendError(ctx, res, 'model_not_found', gw.done, {
+      message: `The model "${call.model}" does not exist or this key may not use it.`,
+    });
+  }
+  const chars = inputChars(call.body);
+  const maxOutput = call.maxTokens ?? model.maxOutputTokens;
+  const estimate = model.billable
+    ? costMicro(model.price, {
+      inputTokens: tokensOf(chars), outputTokens: endpoint === 'embeddings' ? 0 : maxOutput, cacheReadTokens: 0, cacheWriteTokens: 0,
+    })
+    : null;
+  gw.decide(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, estimate), (decision) => {
+    if (!decision.ok) return gw.reject(ctx, res, decision);
+    const exchange = new LiveExchange(gw, ctx, res, endpoint, call, model, chars, maxOutput, decision);
+    const provider = gw.providers.get(model.provider.id)!;
+    try {
+      provider.handle(exchange);
+    } catch (err) {
+      exchange.crash(err);
+    }
+  });
+}
+
+const NO_USAGE: Usage = { inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
+
+/**
+ * One admitted call in progress. Owns the ticket: the charge is settled once (real usage
+ * before the final bytes; an estimate if the answer never completes) and the slot and
+ * idempotency key are released once, when the response closes for any reason.
+ */
+class LiveExchange implements Exchange {
+  readonly body: Record<string, unknown>;
+  readonly stream: boolean;
+  readonly requestId: string;
+  aborted = false;
+  private settled = false;
+  private outputChars = 0;
+  private stops: Array<() => void> = [];
+
+  constructor(
+    private readonly gw: Gateway,
+    private readonly ctx: RequestContext,
+    readonly res: ServerResponse,
+    readonly endpoint: Endpoint,
+    call: CallRequest,
+    readonly model: ModelEntry,
+    readonly inputChars: number,
+    readonly maxOutputTokens: number,
+    private readonly ticket: Ticket,
+  ) {
+    this.body = call.body;
+    this.stream = call.stream;
+    this.requestId = ctx.id;
+    gw.inFlight++;
+    res.once('close', this.onClose);
+  }
+
+  onAbort(stop: () => void): void {
+    this.stops.push(stop);
+  }
+
+  head(status: number, contentType: string, extra: string[] = []): void {
+    const headers = baseHeaders(this.ctx, contentType);
+    for (const value of extra) headers.push(value);
+    this.ctx.status = status;
+    this.res.writeHead(status, headers);
+  }
+
+  noteOutput(chars: number): void {
+    this.outputChars += chars;
+  }
+
+  settle(usage: Usage, then: () => void): void {
+    if (this.settled) return then();
+    this.charge(usage, false);
+    then();
+  }
+
+  fail(code: ErrorCode, details: ErrorDetails = {}): void {
+    if (this.res.headersSent) {
+      // Mid-stream: the client has part of an answer; charge what it got and cut the stream.
+      if (!this.settled) this.charge(this.estimate(), true);
+      this.res.destroy();
+      return;
+    }
+    if (!this.settled) this.charge(NO_USAGE, false); // no answer reached the client: nothing to bill
+    sendError(this.ctx, this.res, code, this.gw.done, details);
+  }
+
+  /** A provider bug: answer 500 if we still can, never leak the ticket. */
+  crash(err: unknown): void {
+    if (!this.settled) this.charge(this.res.headersSent ? this.estimate() : NO_USAGE, this.res.headersSent);
+    this.gw.fault(this.ctx, this.res, err);
+  }
+
+  private estimate(): Usage {
+    return { inputTokens: tokensOf(this.inputChars), outputTokens: tokensOf(this.outputChars), cacheReadTokens: 0, cacheWriteTokens: 0 };
+  }
+
+  private charge(usage: Usage, estimated: boolean): void {
+    this.settled = true;
+    const cost = costMicro(this.model.price, usage);
+    const gw = this.gw;
+    const settlement = gw.limiter.settle(this.ticket, cost);
+    if (!this.model.billable) return;
+    const write = (balanceAfterMicro: number | null) => gw.record({
+      type: 'charge', accountId: this.ticket.accountId, keyId: this.ctx.key!.id, amountMicro: -cost, balanceAfterMicro,
+      createdAt: gw.clock.now(), requestId: this.ctx.id, model: this.model.id, inputTokens: usage.inputTokens,
+      outputTokens: usage.outputTokens, estimated, note: null,
+    });
+    if (settlement instanceof Promise) {
+      settlement.then((s) => write(s.balanceAfterMicro), (err) => gw.logger.error('settle failed', { request_id: this.ctx.id, error: String(err) }));
+    } else write(settlement.balanceAfterMicro);
+  }
+
+  /** The response is over: finished, or the client went away first. */
+  private readonly onClose = (): void => {
+    if (!this.res.writableFinished) {
+      this.aborted = true;
+      for (const stop of this.stops) stop();
+      if (!this.res.headersSent) this.ctx.status = 499;
+    }
+    if (!this.settled) this.charge(this.estimate(), true);
+    this.gw.limiter.release(this.ticket);
+    this.gw.inFlight--;
+    this.gw.done(this.ctx);
+  };
+}

@@ -1,0 +1,33 @@
+import type { Gateway } from '../gateway.js';
+import { sendError, sendJson } from '../http/reply.js';
+import type { Router } from '../router.js';
+
+export function registerModelRoutes(router: Router<Gateway>): void {
+  // The hottest path: the answer is precomputed per key; admission is synchronous in memory.
+  router.add('/v1/models', {
+    auth: true,
+    methods: {
+      GET: (gw, ctx, _req, res) => {
+        const key = ctx.key!;
+        gw.decide(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), (decision) => {
+          if (!decision.ok) return gw.reject(ctx, res, decision);
+          sendJson(ctx, res, 200, key.modelsBody, gw.done);
+        });
+      },
+    },
+  });
+  router.add('/v1/models/*', {
+    auth: true,
+    methods: {
+      GET: (gw, ctx, _req, res) => {
+        const key = ctx.key!;
+        gw.decide(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), (decision) => {
+          if (!decision.ok) return gw.reject(ctx, res, decision);
+          const model = gw.directory.listedModel(key, ctx.param);
+          if (model === undefined) return sendError(ctx, res, 'model_not_found', gw.done);
+          sendJson(ctx, res, 200, model.objectBody, gw.done);
+        });
+      },
+    },
+  });
+}
