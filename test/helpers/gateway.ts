@@ -1,0 +1,83 @@
+import { hash } from 'node:crypto';
+import type { Server } from 'node:http';
+import type { Clock } from '../../src/clock.js';
+import { validateConfig } from '../../src/config/validate.js';
+import { Gateway } from '../../src/gateway.js';
+import { Logger } from '../../src/log.js';
+import { createGatewayServer, listen } from '../../src/server.js';
+
+export const sha = (key: string) => hash('sha256', key);
+
+/** A config with two accounts and a few keys; `patch` overrides top-level sections. */
+export function testConfig(patch: Record<string, unknown> = {}): Record<string, unknown> {
+  return {
+    server: { host: '127.0.0.1', port: 0, maxBodyBytes: 4096 },
+    ledger: { store: 'memory' },
+    plans: {
+      free: { rpm: 5, concurrency: 2, dailyCapUsd: 1 },
+      pro: { rpm: 1000, concurrency: 50, dailyCapUsd: 'unlimited' },
+    },
+    accounts: {
+      acct_alice: { plan: 'pro' },
+      acct_bob: { plan: 'free' },
+    },
+    keys: {
+      key_alice: { account: 'acct_alice', sha256: sha('sk-alice') },
+      key_alice_narrow: { account: 'acct_alice', sha256: sha('sk-alice-narrow'), models: ['echo-1'] },
+      key_bob: { account: 'acct_bob', sha256: sha('sk-bob') },
+      key_off: { account: 'acct_alice', sha256: sha('sk-off'), disabled: true },
+    },
+    models: {
+      'echo-1': { provider: 'mock' },
+      'paid-1': { provider: 'mock', price: { inputPerMillion: 1, outputPerMillion: 2 } },
+      'slow-1': { provider: 'slow' },
+    },
+    providers: {
+      mock: { protocol: 'mock' },
+      slow: { protocol: 'mock', latencyMs: 300 },
+    },
+    ...patch,
+  };
+}
+
+export interface Running {
+  url: string;
+  gateway: Gateway;
+  server: Server;
+  logs: string[];
+  close(): Promise<void>;
+}
+
+/** Starts a real gateway on port 0 in this process. */
+export async function startGateway(raw: Record<string, unknown> = testConfig(), clock?: Clock): Promise<Running> {
+  const result = validateConfig(raw, { baseDir: process.cwd(), env: {} });
+  if (!result.ok) throw new Error(`bad test config: ${result.errors.join('; ')}`);
+  const logs: string[] = [];
+  const logger = new Logger((text) => logs.push(text));
+  const gateway = new Gateway(result.config, clock === undefined ? { logger } : { logger, clock });
+  const server = createGatewayServer(gateway);
+  const url = await listen(server, 0, '127.0.0.1');
+  return {
+    url, gateway, server, logs,
+    close: () => new Promise<void>((resolve) => {
+      server.closeAllConnections();
+      server.close(() => resolve());
+    }),
+  };
+}
+
+export function auth(key: string, extra: Record<string, string> = {}): Record<string, string> {
+  return { authorization: `Bearer ${key}`, ...extra };
+}
+
+export async function postJson(url: string, key: string, body: unknown, headers: Record<string, string> = {}) {
+  return fetch(url, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', ...auth(key), ...headers },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
+}
+
+export const chatBody = (model: string, text = 'hello there', extra: Record<string, unknown> = {}) => ({
+  model, messages: [{ role: 'user', content: text }], ...extra,
+});

@@ -1,0 +1,169 @@
+import assert from 'node:assert/strict';
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { hash } from 'node:crypto';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, test } from 'node:test';
+import { promisify } from 'node:util';
+import { testConfig } from '../helpers/gateway.js';
+
+const run = promisify(execFile);
+const MAIN = join(__dirname, '..', '..', 'dist', 'main.js');
+const dir = mkdtempSync(join(tmpdir(), 'mg-cli-'));
+
+function writeConfig(name: string, config: unknown): string {
+  const file = join(dir, name);
+  writeFileSync(file, JSON.stringify(config));
+  return file;
+}
+
+interface Started {
+  child: ChildProcess;
+  url: string;
+  stdout: () => string;
+  stderr: () => string;
+  exited: Promise<number | null>;
+}
+
+/** Spawns the built CLI and waits for its "listening" line. */
+async function startCli(args: string[], env: Record<string, string> = {}): Promise<Started> {
+  const child = spawn(process.execPath, [MAIN, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  let err = '';
+  child.stderr!.on('data', (d) => { err += d; });
+  const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
+  const url = await new Promise<string>((resolve, reject) => {
+    child.stdout!.on('data', (d) => {
+      out += d;
+      const m = /"msg":"listening".*"url":"([^"]+)"/.exec(out);
+      if (m !== null) resolve(m[1]!);
+    });
+    exited.then((code) => reject(new Error(`exited ${code} before listening: ${err}`)));
+  });
+  return { child, url, stdout: () => out, stderr: () => err, exited };
+}
+
+describe('CLI', () => {
+  test('npm start path: the demo prints a key and a curl line that works when pasted', async () => {
+    const gw = await startCli(['--port', '0']);
+    try {
+      for (let i = 0; i < 100 && !gw.stderr().includes('Run with your own config'); i++) await new Promise((r) => setTimeout(r, 10));
+      const banner = gw.stderr();
+      assert.match(banner, /Demo API key: {2}sk-demo-/);
+      const curlLine = banner.split('\n').map((l) => l.trim()).find((l) => l.startsWith('curl') && l.includes('/v1/models'));
+      assert.ok(curlLine, `no curl line in:\n${banner}`);
+      const { stdout } = await run('sh', ['-c', curlLine]);
+      const body = JSON.parse(stdout) as { object: string; data: Array<{ id: string }> };
+      assert.equal(body.object, 'list');
+      assert.ok(body.data.some((m) => m.id === 'echo-1'));
+      const chatLine = banner.split('\n').map((l) => l.trim()).find((l) => l.startsWith('curl') && l.includes('/chat/completions'));
+      const chat = JSON.parse((await run('sh', ['-c', chatLine!])).stdout) as { choices: Array<{ message: { content: string } }> };
+      assert.equal(chat.choices[0]!.message.content, 'Hello, gateway');
+      // stdout holds JSON lines only.
+      await new Promise((r) => setTimeout(r, 50));
+      for (const line of gw.stdout().trim().split('\n')) JSON.parse(line);
+    } finally {
+      gw.child.kill('SIGTERM');
+      assert.equal(await gw.exited, 0);
+    }
+  });
+
+  test('hash-key, new-key', async () => {
+    assert.equal((await run(process.execPath, [MAIN, 'hash-key', 'sk-x'])).stdout.trim(), hash('sha256', 'sk-x'));
+    const out = (await run(process.execPath, [MAIN, 'new-key'])).stdout;
+    const key = /key: +(\S+)/.exec(out)![1]!;
+    const digest = /sha256: +([0-9a-f]{64})/.exec(out)![1]!;
+    assert.equal(hash('sha256', key), digest);
+    await assert.rejects(run(process.execPath, [MAIN, 'hash-key']), (e: { code: number }) => e.code === 1);
+  });
+
+  test('check-config: exit 0 when valid, exit 1 naming every problem by JSON path', async () => {
+    const good = writeConfig('good.json', testConfig());
+    assert.match((await run(process.execPath, [MAIN, 'check-config', good])).stdout, /valid/);
+    const bad = writeConfig('bad.json', { accounts: { acct_a: { plan: 'gold' } }, server: { port: 'x' } });
+    await assert.rejects(run(process.execPath, [MAIN, 'check-config', bad]), (e: { code: number; stderr: string }) => {
+      assert.equal(e.code, 1);
+      assert.match(e.stderr, /accounts\.acct_a\.plan: unknown plan "gold"/);
+      assert.match(e.stderr, /server\.port: must be an integer/);
+      return true;
+    });
+    const notJson = join(dir, 'broken.json');
+    writeFileSync(notJson, '{');
+    await assert.rejects(run(process.execPath, [MAIN, 'check-config', notJson]), (e: { code: number; stderr: string }) =>
+      e.code === 1 && /not valid JSON/.test(e.stderr));
+  });
+
+  test('a bad config at start-up exits 1 with the problem, not a stack trace', async () => {
+    const bad = writeConfig('bad-start.json', { keys: { k: { account: 'nobody', key: 'x' } } });
+    await assert.rejects(run(process.execPath, [MAIN, '--config', bad, '--port', '0']), (e: { code: number; stderr: string }) => {
+      assert.equal(e.code, 1);
+      assert.match(e.stderr, /keys\.k\.account: unknown account "nobody"/);
+      assert.doesNotMatch(e.stderr, /at .*\.js:\d+/);
+      return true;
+    });
+    await assert.rejects(run(process.execPath, [MAIN, '--bogus']), (e: { code: number }) => e.code === 1);
+  });
+
+  test('MODEL_GATEWAY_CONFIG and PORT from the environment; flags win', async () => {
+    const file = writeConfig('env.json', testConfig());
+    const gw = await startCli(['--port', '0'], { MODEL_GATEWAY_CONFIG: file, PORT: '1' });
+    try {
+      const res = await fetch(`${gw.url}/v1/models`, { headers: { 'x-api-key': 'sk-alice' } });
+      assert.equal(res.status, 200);
+    } finally {
+      gw.child.kill('SIGINT');
+      assert.equal(await gw.exited, 0);
+    }
+  });
+
+  test('SIGHUP reloads keys and limits without a restart; an invalid file is rejected whole', async () => {
+    const file = writeConfig('reload.json', testConfig());
+    const gw = await startCli(['--config', file, '--port', '0']);
+    const models = (key: string) => fetch(`${gw.url}/v1/models`, { headers: { 'x-api-key': key } }).then(async (r) => { await r.text(); return r.status; });
+    const hup = async (expect: RegExp) => {
+      gw.child.kill('SIGHUP');
+      for (let i = 0; i < 100 && !expect.test(gw.stdout()); i++) await new Promise((r) => setTimeout(r, 20));
+      assert.match(gw.stdout(), expect);
+    };
+    try {
+      assert.equal(await models('sk-carol'), 401);
+      const next = testConfig() as { keys: Record<string, unknown> };
+      next.keys.key_carol = { account: 'acct_bob', key: 'sk-carol' };
+      delete next.keys.key_alice;
+      writeFileSync(file, JSON.stringify(next));
+      await hup(/config reloaded/);
+      assert.equal(await models('sk-carol'), 200);
+      assert.equal(await models('sk-alice'), 401, 'a removed key stops working at once');
+      writeFileSync(file, '{"plans": 3}');
+      await hup(/config reload rejected/);
+      assert.equal(await models('sk-carol'), 200);
+    } finally {
+      gw.child.kill('SIGTERM');
+      assert.equal(await gw.exited, 0);
+    }
+  });
+
+  test('SIGTERM drains: /readyz 503 at once, the in-flight stream finishes, exit 0', async () => {
+    const config = testConfig({
+      server: { host: '127.0.0.1', port: 0, drainDelayMs: 400 },
+      providers: { mock: { protocol: 'mock', tokensPerSecond: 20 }, slow: { protocol: 'mock' } },
+    });
+    const gw = await startCli(['--config', writeConfig('drain.json', config)]);
+    const stream = fetch(`${gw.url}/v1/chat/completions`, {
+      method: 'POST', headers: { 'x-api-key': 'sk-alice', 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'echo-1', stream: true, messages: [{ role: 'user', content: 'z'.repeat(40) }] }),
+    });
+    const res = await stream;
+    gw.child.kill('SIGTERM');
+    await new Promise((r) => setTimeout(r, 100));
+    const ready = await fetch(`${gw.url}/readyz`);
+    assert.equal(ready.status, 503);
+    assert.deepEqual(await ready.json(), { status: 'not_ready', reason: 'draining' });
+    assert.equal(ready.headers.get('connection'), 'close');
+    const text = await res.text();
+    assert.ok(text.endsWith('data: [DONE]\n\n'), 'the stream completed');
+    assert.equal(await gw.exited, 0);
+    assert.match(gw.stdout(), /"msg":"stopped"/);
+  });
+});

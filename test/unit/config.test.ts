@@ -1,0 +1,134 @@
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import { demoConfig } from '../../src/config/demo.js';
+import { validateConfig } from '../../src/config/validate.js';
+import { costMicro, microToUsd, parseUsd } from '../../src/money.js';
+import { sha, testConfig } from '../helpers/gateway.js';
+
+const opts = { baseDir: '/srv/gw', env: { OPENAI_KEY: 'sk-up' } };
+
+function errorsOf(raw: unknown): string[] {
+  const r = validateConfig(raw, opts);
+  assert.equal(r.ok, false, 'expected the config to be rejected');
+  return (r as { errors: string[] }).errors;
+}
+
+describe('config validation', () => {
+  test('the demo config and the test config are valid', () => {
+    assert.equal(validateConfig(demoConfig(), opts).ok, true);
+    assert.equal(validateConfig(testConfig(), opts).ok, true);
+  });
+
+  test('defaults: server values, memory limiter, file ledger under the config folder', () => {
+    const r = validateConfig({}, opts);
+    assert.ok(r.ok);
+    assert.deepEqual(r.config.server, {
+      host: '127.0.0.1', port: 8080, maxBodyBytes: 4194304, requestTimeoutMs: 30000, drainDelayMs: 0,
+      drainTimeoutMs: 30000, metrics: true,
+    });
+    assert.deepEqual(r.config.limiter, { store: 'memory' });
+    assert.deepEqual(r.config.ledger, { store: 'file', dir: '/srv/gw/data' });
+  });
+
+  test('every problem is reported, each by its JSON path', () => {
+    const errors = errorsOf({
+      server: { port: 70000, colour: 'blue' },
+      plans: { free: { rpm: -1, concurrency: 'lots', dailyCapUsd: '1.0000001' } },
+      accounts: { acct_a: { plan: 'gold' } },
+      keys: {
+        k1: { account: 'acct_x', sha256: 'abc' },
+        k2: { account: 'acct_a', key: 'x', sha256: sha('x') },
+        k3: { account: 'acct_a', key: 'dup', models: ['nope'] },
+        k4: { account: 'acct_a', key: 'dup' },
+      },
+      models: { m: { provider: 'ghost' }, n: {} },
+      providers: { p: { protocol: 'grpc' }, o: { protocol: 'openai', apiKeyEnv: 'MISSING_VAR', latencyMs: 5 } },
+      limiter: { store: 'redis' },
+      ledger: { store: 'tape' },
+    });
+    const expected = [
+      'server.colour: unknown key',
+      'server.port: must be an integer from 0 to 65535',
+      'plans.free.rpm: must be a non-negative integer or "unlimited"',
+      'plans.free.concurrency: must be a non-negative integer or "unlimited"',
+      'plans.free.dailyCapUsd: has more than 6 decimal places',
+      'accounts.acct_a.plan: unknown plan "gold"',
+      'keys.k1.account: unknown account "acct_x"',
+      'keys.k1.sha256: must be 64 hexadecimal characters',
+      'keys.k2: needs exactly one of "sha256"',
+      'keys.k3.models[0]: unknown model "nope"',
+      'keys.k4: has the same key as keys.k3',
+      'models.m.provider: unknown provider "ghost"',
+      'models.n.provider: is required',
+      'providers.p.protocol: must be "openai", "anthropic" or "mock"',
+      'providers.o.latencyMs: unknown key',
+      'providers.o.apiKeyEnv: environment variable MISSING_VAR is not set',
+      'limiter.url: is required when store is "redis"',
+      'ledger.store: must be "memory" or "file"',
+    ];
+    for (const prefix of expected) {
+      assert.ok(errors.some((e) => e.startsWith(prefix)), `missing "${prefix}" in:\n${errors.join('\n')}`);
+    }
+  });
+
+  test('unknown top-level keys and non-objects are rejected', () => {
+    assert.ok(errorsOf({ plugins: [] })[0]!.startsWith('plugins: unknown key'));
+    assert.deepEqual(errorsOf([]), ['(root): must be an object']);
+    assert.ok(errorsOf({ plans: { 'bad id!': {} } })[0]!.startsWith('plans["bad id!"]: id must be'));
+  });
+
+  test('accounts inherit plan limits and may override each, "unlimited" included', () => {
+    const r = validateConfig(testConfig({
+      accounts: { acct_alice: { plan: 'free', rpm: 'unlimited', dailyCapUsd: '2.5', balanceUsd: 10 } },
+      keys: { key_alice: { account: 'acct_alice', key: 'sk-plain', rpm: 3 } },
+    }), opts);
+    assert.ok(r.ok);
+    const a = r.config.accounts.get('acct_alice')!;
+    assert.equal(a.rpm, null);
+    assert.equal(a.concurrency, undefined);
+    assert.equal(a.dailyCapMicro, 2_500_000);
+    assert.equal(a.balanceMicro, 10_000_000);
+    const k = r.config.keys.get('key_alice')!;
+    assert.equal(k.sha256, sha('sk-plain'));
+    assert.equal(k.rpm, 3);
+    assert.equal(r.warnings.length, 1, 'a plaintext key warns');
+    assert.ok(!JSON.stringify(r.warnings).includes('sk-plain'), 'the warning never shows the key');
+  });
+
+  test('providers: apiKeyEnv is read at load; base URLs default to the official ones', () => {
+    const r = validateConfig({
+      providers: {
+        o: { protocol: 'openai', apiKeyEnv: 'OPENAI_KEY' },
+        a: { protocol: 'anthropic', baseUrl: 'http://127.0.0.1:9/' },
+      },
+    }, opts);
+    assert.ok(r.ok);
+    assert.equal(r.config.providers.get('o')!.apiKey, 'sk-up');
+    assert.equal(r.config.providers.get('o')!.baseUrl, 'https://api.openai.com/v1');
+    assert.equal(r.config.providers.get('a')!.baseUrl, 'http://127.0.0.1:9');
+    assert.ok(errorsOf({ providers: { a: { protocol: 'anthropic', baseUrl: 'ftp://x' } } })[0]!.includes('http://'));
+  });
+});
+
+describe('money', () => {
+  test('USD amounts become integer micro-dollars without float error', () => {
+    assert.equal(parseUsd(0.15), 150_000);
+    assert.equal(parseUsd('0.000001'), 1);
+    assert.equal(parseUsd(1e-6), 1);
+    assert.equal(parseUsd('100'), 100_000_000);
+    assert.equal(parseUsd(-2.5), -2_500_000);
+    assert.equal(typeof parseUsd(1e-7), 'string');
+    assert.equal(typeof parseUsd('1,5'), 'string');
+    assert.equal(typeof parseUsd(true), 'string');
+    assert.equal(typeof parseUsd(Infinity), 'string');
+    assert.equal(typeof parseUsd(1e300), 'string');
+  });
+
+  test('cost is tokens x price per million, rounded up to a micro-dollar', () => {
+    const price = { input: 150_000, output: 600_000, cacheRead: 75_000, cacheWrite: 0 };
+    assert.equal(costMicro(price, { inputTokens: 1_000_000, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 }), 150_000);
+    assert.equal(costMicro(price, { inputTokens: 1, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 }), 1);
+    assert.equal(costMicro(price, { inputTokens: 10, outputTokens: 10, cacheReadTokens: 100, cacheWriteTokens: 0 }), 15);
+    assert.equal(microToUsd(1_234_567), 1.234567);
+  });
+});
