@@ -259,7 +259,7 @@ function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): M
 }
 
 function checkPrice(c: Checker, path: string, value: unknown): Price {
-  if (value === undefined) return FREE;
+  if (value === undefined || value === 'free') return FREE;
   const o = c.object(path, value, ['inputPerMillion', 'outputPerMillion', 'cacheReadPerMillion', 'cacheWritePerMillion']);
   if (o === null) return FREE;
   return {
@@ -279,6 +279,10 @@ function checkModels(c: Checker, record: Obj, providers: Map<string, ProviderCon
     const provider = c.string(`${path}.provider`, o.provider, '');
     if (o.provider === undefined) c.fail(`${path}.provider`, 'is required');
     else if (provider !== '' && !providers.has(provider)) c.fail(`${path}.provider`, `unknown provider ${JSON.stringify(provider)}`);
+    else if (o.price === undefined && providers.get(provider)?.protocol !== 'mock') {
+      // A real provider bills the gateway: a forgotten price must not silently make it free.
+      c.fail(`${path}.price`, 'is required for a model of a real provider (write "free" if it really costs nothing)');
+    }
     out.set(id, {
       id, provider,
       upstreamModel: c.string(`${path}.upstreamModel`, o.upstreamModel, id),

@@ -1,6 +1,6 @@
 import type { ServerResponse } from 'node:http';
 import type { ModelEntry } from '../directory.js';
-import type { ErrorCode, ErrorDetails } from '../errors.js';
+import type { ErrorCode, ErrorDetails, ErrorSpec } from '../errors.js';
 import type { Usage } from '../money.js';
 
 export type Endpoint = 'chat' | 'messages' | 'embeddings';
@@ -30,10 +30,19 @@ export interface Exchange {
   head(status: number, contentType: string, extra?: string[]): void;
   /** Counts generated characters relayed so far (the estimate when usage never arrives). */
   noteOutput(chars: number): void;
-  /** Charges `usage`, then runs `then` (which writes the final bytes). Called once. */
-  settle(usage: Usage, then: () => void): void;
+  /** A request header of the client (lowercase name). */
+  header(name: string): string | undefined;
+  /**
+   * Charges `usage` (null: the provider reported none, so an estimate from input and noted
+   * output is charged and marked estimated), then runs `then`, which writes the final bytes.
+   */
+  settle(usage: Usage | null, then: () => void): void;
   /** Answers with a contract error (before any byte was sent) or cuts the stream (after). */
   fail(code: ErrorCode, details?: ErrorDetails): void;
+  /** Answers with an error outside the fixed table (a provider's `upstream_<status>`). */
+  failWith(code: string, spec: ErrorSpec, message: string): void;
+  /** Ends a stream that broke off after bytes were sent: charges `usage` or an estimate, cuts the connection. */
+  cut(usage: Usage | null, why: string): void;
 }
 
 export interface Provider {

@@ -1,12 +1,13 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { ModelEntry } from '../directory.js';
-import type { ErrorCode, ErrorDetails } from '../errors.js';
+import type { ErrorCode, ErrorDetails, ErrorSpec } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import { readBody, type BodyResult } from '../http/body.js';
 import type { RequestContext } from '../http/context.js';
-import { baseHeaders, sendError } from '../http/reply.js';
+import { baseHeaders, sendError, sendErrorSpec } from '../http/reply.js';
 import type { Ticket } from '../limiter/types.js';
 import { costMicro, type Usage } from '../money.js';
+import { supports } from '../providers/protocols.js';
 import { inputChars, tokensOf } from '../providers/text.js';
 import type { Endpoint, Exchange } from '../providers/types.js';
 import type { Router } from '../router.js';
@@ -23,7 +24,7 @@ function modelCall(endpoint: Endpoint) {
   return (gw: Gateway, ctx: RequestContext, req: IncomingMessage, res: ServerResponse): void => {
     readBody(req, gw.config.server.maxBodyBytes).then((result) => {
       try {
-        afterBody(gw, ctx, res, endpoint, result);
+        afterBody(gw, ctx, req, res, endpoint, result);
       } catch (err) {
         gw.fault(ctx, res, err);
       }
@@ -31,7 +32,9 @@ function modelCall(endpoint: Endpoint) {
   };
 }
 
-function afterBody(gw: Gateway, ctx: RequestContext, res: ServerResponse, endpoint: Endpoint, result: BodyResult): void {
+function afterBody(
+  gw: Gateway, ctx: RequestContext, req: IncomingMessage, res: ServerResponse, endpoint: Endpoint, result: BodyResult,
+): void {
   if (!result.ok) {
     if (result.reason === 'aborted') {
       ctx.status = 499; // client closed the request; nothing to answer
@@ -58,6 +61,12 @@ function afterBody(gw: Gateway, ctx: RequestContext, res: ServerResponse, endpoi
       message: `The model "${call.model}" does not exist or this key may not use it.`,
     });
   }
+  if (!supports(model.provider.protocol, endpoint)) {
+    return sendError(ctx, res, 'invalid_request', gw.done, {
+      message: `The model "${call.model}" is served over the ${model.provider.protocol} protocol, which has no ${ENDPOINT_PATHS[endpoint]}; use ${PROTOCOL_ENDPOINT[model.provider.protocol]}.`,
+      fields: { param: 'model' },
+    });
+  }
   const chars = inputChars(call.body);
   const maxOutput = call.maxTokens ?? model.maxOutputTokens;
   const estimate = model.billable
@@ -67,7 +76,7 @@ function afterBody(gw: Gateway, ctx: RequestContext, res: ServerResponse, endpoi
     : null;
   gw.decide(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, estimate), (decision) => {
     if (!decision.ok) return gw.reject(ctx, res, decision);
-    const exchange = new LiveExchange(gw, ctx, res, endpoint, call, model, chars, maxOutput, decision);
+    const exchange = new LiveExchange(gw, ctx, req, res, endpoint, call, model, chars, maxOutput, decision);
     const provider = gw.providers.get(model.provider.id)!;
     try {
       provider.handle(exchange);
@@ -76,6 +85,11 @@ function afterBody(gw: Gateway, ctx: RequestContext, res: ServerResponse, endpoi
     }
   });
 }
+
+const ENDPOINT_PATHS: Record<Endpoint, string> = {
+  chat: '/v1/chat/completions', messages: '/v1/messages', embeddings: '/v1/embeddings',
+};
+const PROTOCOL_ENDPOINT: Record<string, string> = { openai: '/v1/chat/completions', anthropic: '/v1/messages' };
 
 const NO_USAGE: Usage = { inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
 
@@ -96,6 +110,7 @@ class LiveExchange implements Exchange {
   constructor(
     private readonly gw: Gateway,
     private readonly ctx: RequestContext,
+    private readonly req: IncomingMessage,
     readonly res: ServerResponse,
     readonly endpoint: Endpoint,
     call: CallRequest,
@@ -126,21 +141,35 @@ class LiveExchange implements Exchange {
     this.outputChars += chars;
   }
 
-  settle(usage: Usage, then: () => void): void {
-    if (this.settled) return then();
-    this.charge(usage, false);
+  header(name: string): string | undefined {
+    const value = this.req.headers[name];
+    return Array.isArray(value) ? value[0] : value;
+  }
+
+  settle(usage: Usage | null, then: () => void): void {
+    if (!this.settled) {
+      if (usage === null) this.charge(this.estimate(), true);
+      else this.charge(usage, false);
+    }
     then();
   }
 
   fail(code: ErrorCode, details: ErrorDetails = {}): void {
-    if (this.res.headersSent) {
-      // Mid-stream: the client has part of an answer; charge what it got and cut the stream.
-      if (!this.settled) this.charge(this.estimate(), true);
-      this.res.destroy();
-      return;
-    }
+    if (this.res.headersSent) return this.cut(null, details.message ?? code);
     if (!this.settled) this.charge(NO_USAGE, false); // no answer reached the client: nothing to bill
     sendError(this.ctx, this.res, code, this.gw.done, details);
+  }
+
+  failWith(code: string, spec: ErrorSpec, message: string): void {
+    if (this.res.headersSent) return this.cut(null, message);
+    if (!this.settled) this.charge(NO_USAGE, false);
+    sendErrorSpec(this.ctx, this.res, code, spec, this.gw.done, { message });
+  }
+
+  cut(usage: Usage | null, why: string): void {
+    if (!this.settled) this.charge(usage ?? this.estimate(), usage === null);
+    this.gw.logger.warn('stream cut', { request_id: this.ctx.id, reason: why });
+    this.res.destroy();
   }
 
   /** A provider bug: answer 500 if we still can, never leak the ticket. */

@@ -49,8 +49,11 @@ export interface Running {
 }
 
 /** Starts a real gateway on port 0 in this process. */
-export async function startGateway(raw: Record<string, unknown> = testConfig(), clock?: Clock): Promise<Running> {
-  const result = validateConfig(raw, { baseDir: process.cwd(), env: {} });
+export async function startGateway(
+  raw: Record<string, unknown> = testConfig(), options: { clock?: Clock; env?: Record<string, string> } = {},
+): Promise<Running> {
+  const clock = options.clock;
+  const result = validateConfig(raw, { baseDir: process.cwd(), env: options.env ?? {} });
   if (!result.ok) throw new Error(`bad test config: ${result.errors.join('; ')}`);
   const logs: string[] = [];
   const logger = new Logger((text) => logs.push(text));

@@ -1,0 +1,260 @@
+import { Agent as HttpAgent, request as httpRequest, type IncomingMessage, type ClientRequest } from 'node:http';
+import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
+import type { ProviderConfig } from '../config/types.js';
+import { upstreamStatusSpec } from '../errors.js';
+import type { ProtocolAdapter } from './protocols.js';
+import { backoffMs, MAX_ATTEMPTS, RETRY_STATUSES, retryAfterMs } from './retry.js';
+import { SseSplitter } from './sse.js';
+import type { Exchange, Provider } from './types.js';
+
+/** The most of a provider's non-streamed answer the gateway will hold to meter it. */
+const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
+/** The most of a provider's error body read for its message. */
+const MAX_ERROR_BYTES = 64 * 1024;
+
+// Keep-alive agents live as long as the process and are shared across config reloads, keyed by
+// origin, so a reload neither drops warm connections nor leaks old pools.
+const agents = new Map<string, HttpAgent>();
+function agentFor(url: URL): HttpAgent {
+  let agent = agents.get(url.origin);
+  if (agent === undefined) {
+    const options = { keepAlive: true, maxSockets: 1024, scheduling: 'lifo' as const };
+    agent = url.protocol === 'https:' ? new HttpsAgent(options) : new HttpAgent(options);
+    agents.set(url.origin, agent);
+  }
+  return agent;
+}
+
+/** Headers of the provider's answer worth passing on to the client. */
+const PASSED_HEADERS = ['openai-processing-ms', 'openai-version', 'anthropic-organization-id'];
+
+type Outcome =
+  | { kind: 'response'; res: IncomingMessage }
+  | { kind: 'error'; error: Error }
+  | { kind: 'timeout' };
+
+/**
+ * A provider reached over HTTP(S) in the OpenAI or Anthropic protocol. Retries connection
+ * errors and 429/502/503/504/529 before the first byte reaches the client; relays answers as
+ * they arrive (streams event by event, with backpressure); meters from the provider's usage.
+ */
+export class HttpProvider implements Provider {
+  private readonly base: string;
+
+  constructor(private readonly config: ProviderConfig, private readonly adapter: ProtocolAdapter) {
+    this.base = config.baseUrl;
+  }
+
+  handle(ex: Exchange): void {
+    const url = new URL(this.base + this.adapter.path(ex.endpoint)!);
+    const body = Buffer.from(JSON.stringify(this.adapter.body(ex)));
+    const headers: Record<string, string> = {
+      'content-type': 'application/json',
+      'content-length': String(body.length),
+      accept: ex.stream ? 'text/event-stream' : 'application/json',
+      'accept-encoding': 'identity', // the gateway reads usage out of the answer
+      'x-request-id': ex.requestId,
+    };
+    const extra = this.adapter.headers(this.config.apiKey, ex);
+    for (let i = 0; i < extra.length; i += 2) headers[extra[i]!] = extra[i + 1]!;
+    const deadline = Date.now() + this.config.timeoutMs;
+    let current: ClientRequest | null = null;
+    let waiting: NodeJS.Timeout | null = null;
+    ex.onAbort(() => {
+      current?.destroy();
+      if (waiting !== null) clearTimeout(waiting);
+    });
+
+    const attempt = (n: number): void => {
+      if (ex.aborted) return;
+      const send = url.protocol === 'https:' ? httpsRequest : httpRequest;
+      const req = send(url, { method: 'POST', headers, agent: agentFor(url) });
+      current = req;
+      let done = false;
+      const timer = setTimeout(() => finish({ kind: 'timeout' }), Math.max(1, deadline - Date.now()));
+      const finish = (outcome: Outcome) => {
+        if (done) return;
+        done = true;
+        clearTimeout(timer);
+        this.onOutcome(ex, outcome, n, deadline, req, (wait) => {
+          waiting = setTimeout(() => { waiting = null; attempt(n + 1); }, wait);
+        });
+      };
+      req.on('response', (res) => finish({ kind: 'response', res }));
+      req.on('error', (error) => finish({ kind: 'error', error }));
+      req.end(body);
+    };
+    attempt(1);
+  }
+
+  private onOutcome(ex: Exchange, outcome: Outcome, n: number, deadline: number, req: ClientRequest, retry: (waitMs: number) => void): void {
+    if (ex.aborted) return;
+    const left = deadline - Date.now();
+    if (outcome.kind === 'timeout') {
+      req.destroy();
+      return ex.fail('upstream_timeout', { message: `The provider did not answer within ${this.config.timeoutMs} ms.` });
+    }
+    if (outcome.kind === 'error') {
+      const wait = backoffMs(n, null);
+      if (n < MAX_ATTEMPTS && wait < left) return retry(wait);
+      return ex.fail('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
+    }
+    const res = outcome.res;
+    const status = res.statusCode ?? 0;
+    if (status >= 200 && status < 300) return this.relay(ex, res);
+
+    const providerWait = retryAfterMs(res.headers, Date.now());
+    if (RETRY_STATUSES.has(status)) {
+      const wait = backoffMs(n, providerWait);
+      if (n < MAX_ATTEMPTS && wait < left && (status !== 429 || providerWait === null || providerWait <= 5000)) {
+        res.resume(); // discard, keep the connection for reuse
+        return retry(wait);
+      }
+    }
+    readSome(res, MAX_ERROR_BYTES, (text) => {
+      if (ex.aborted) return;
+      const retryAfterS = providerWait === null ? undefined : Math.ceil(providerWait / 1000);
+      const message = providerMessage(text);
+      if (status === 429) return ex.fail('upstream_rate_limited', { retryAfterS: retryAfterS ?? 1, ...(message ? { message } : {}) });
+      if (status === 503 || status === 529) return ex.fail('upstream_overloaded', { retryAfterS: retryAfterS ?? 1 });
+      if (status === 504) return ex.fail('upstream_timeout');
+      if (status === 401 || status === 403) {
+        return ex.fail('upstream_error', { message: 'The provider rejected the gateway\'s own credentials.' });
+      }
+      if (status >= 400 && status < 500) {
+        return ex.failWith(`upstream_${status}`, upstreamStatusSpec(status), message ?? `The provider answered ${status}.`);
+      }
+      ex.fail('upstream_error', { message: `The provider answered ${status}.` });
+    });
+  }
+
+  /** A 2xx answer: streamed event by event, or read whole, metered, then sent. */
+  private relay(ex: Exchange, res: IncomingMessage): void {
+    const contentType = String(res.headers['content-type'] ?? 'application/json');
+    const passed: string[] = [];
+    for (const name of PASSED_HEADERS) {
+      const value = res.headers[name];
+      if (typeof value === 'string') passed.push(name, value);
+    }
+    const upstreamId = res.headers['x-request-id'] ?? res.headers['request-id'];
+    if (typeof upstreamId === 'string') passed.push('x-upstream-request-id', upstreamId);
+    ex.onAbort(() => res.destroy());
+
+    if (!contentType.startsWith('text/event-stream')) {
+      readSome(res, MAX_ANSWER_BYTES, (text, complete) => {
+        if (ex.aborted) return;
+        if (!complete) return ex.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
+        let json: unknown;
+        try {
+          json = JSON.parse(text);
+        } catch {
+          return ex.fail('upstream_error', { message: 'The provider answered something that is not JSON.' });
+        }
+        const usage = this.adapter.usage(json);
+        const bytes = Buffer.from(text);
+        ex.settle(usage, () => {
+          ex.head(res.statusCode!, contentType, ['content-length', String(bytes.length), ...passed]);
+          ex.res.end(bytes);
+        });
+      });
+      return;
+    }
+
+    ex.head(res.statusCode!, contentType, ['cache-control', 'no-cache', ...passed]);
+    const watcher = this.adapter.watch(ex);
+    const splitter = new SseSplitter();
+    let ended = false;
+    let idle: NodeJS.Timeout = setTimeout(() => onIdle(), this.config.streamIdleTimeoutMs);
+    const onIdle = () => {
+      res.destroy();
+      cut(`no data from the provider for ${this.config.streamIdleTimeoutMs} ms`);
+    };
+    ex.onAbort(() => clearTimeout(idle));
+    const endWith = (last: string) => {
+      ended = true;
+      clearTimeout(idle);
+      ex.settle(watcher.usage(), () => ex.res.end(last));
+    };
+    const cut = (why: string) => {
+      if (ended || ex.aborted) return;
+      ended = true;
+      clearTimeout(idle);
+      ex.cut(watcher.usage(), why);
+    };
+    res.on('data', (chunk: Buffer) => {
+      if (ended) return;
+      idle.refresh();
+      let out = '';
+      for (const event of splitter.push(chunk)) {
+        const seen = watcher.see(event);
+        if (seen.final) {
+          // The final event leaves only after the charge is settled.
+          res.removeAllListeners('end');
+          if (out !== '') ex.res.write(out);
+          endWith(seen.forward ? event : '');
+          res.resume();
+          return;
+        }
+        if (seen.forward) out += event;
+      }
+      if (out !== '' && !ex.res.write(out)) {
+        res.pause(); // backpressure: a slow client slows the provider, the gateway does not buffer
+        ex.res.once('drain', () => res.resume());
+      }
+    });
+    res.on('end', () => {
+      if (ended) return;
+      const rest = splitter.rest();
+      if (rest !== '') {
+        const seen = watcher.see(rest);
+        if (seen.forward) ex.res.write(rest);
+      }
+      endWith('');
+    });
+    res.on('error', () => cut('the provider\'s stream broke off'));
+    res.on('close', () => {
+      if (!res.complete) cut('the provider\'s stream broke off');
+    });
+  }
+}
+
+/** Reads up to `limit` bytes of a response as text; `complete` is false if it was cut or too big. */
+function readSome(res: IncomingMessage, limit: number, then: (text: string, complete: boolean) => void): void {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  let called = false;
+  const done = (complete: boolean) => {
+    if (called) return;
+    called = true;
+    then(Buffer.concat(chunks).toString('utf8'), complete);
+  };
+  res.on('data', (chunk: Buffer) => {
+    size += chunk.length;
+    if (size > limit) {
+      res.destroy();
+      done(false);
+      return;
+    }
+    chunks.push(chunk);
+  });
+  res.on('end', () => done(true));
+  res.on('error', () => done(false));
+  res.on('aborted', () => done(false));
+}
+
+/** The provider's own error message from an OpenAI or Anthropic error body. */
+function providerMessage(text: string): string | null {
+  try {
+    const json = JSON.parse(text) as { error?: { message?: unknown }; message?: unknown };
+    if (typeof json.error?.message === 'string') return json.error.message;
+    if (typeof json.message === 'string') return json.message;
+  } catch {
+    // not JSON
+  }
+  const trimmed = text.trim();
+  return trimmed === '' ? null : trimmed.slice(0, 500);
+}
+
+function describe(error: Error): string {
+  return (error as NodeJS.ErrnoException).code ?? error.message;
+}

@@ -1,0 +1,119 @@
+import { createServer, type IncomingMessage, type Server, type ServerResponse } from 'node:http';
+import type { AddressInfo } from 'node:net';
+
+export interface Seen {
+  path: string;
+  headers: IncomingMessage['headers'];
+  body: Record<string, unknown>;
+}
+
+export type Behaviour = (req: IncomingMessage, res: ServerResponse, body: Record<string, unknown>) => void;
+
+/**
+ * A provider on loopback for tests: records every request (hit counter included) and answers
+ * with queued behaviours, then with the default one.
+ */
+export class FakeUpstream {
+  readonly seen: Seen[] = [];
+  readonly queue: Behaviour[] = [];
+  fallback: Behaviour = (_req, res) => json(res, 500, { error: { message: 'no behaviour queued' } });
+  private server: Server | null = null;
+  /** Requests whose client went away before the answer was complete. */
+  closedEarly = 0;
+
+  get hits(): number {
+    return this.seen.length;
+  }
+
+  async start(): Promise<string> {
+    this.server = createServer((req, res) => {
+      const chunks: Buffer[] = [];
+      req.on('data', (c: Buffer) => chunks.push(c));
+      req.on('end', () => {
+        const text = Buffer.concat(chunks).toString();
+        const body = text === '' ? {} : (JSON.parse(text) as Record<string, unknown>);
+        this.seen.push({ path: req.url ?? '', headers: req.headers, body });
+        res.on('close', () => { if (!res.writableFinished) this.closedEarly++; });
+        (this.queue.shift() ?? this.fallback)(req, res, body);
+      });
+    });
+    await new Promise<void>((resolve) => this.server!.listen(0, '127.0.0.1', resolve));
+    return `http://127.0.0.1:${(this.server!.address() as AddressInfo).port}`;
+  }
+
+  close(): Promise<void> {
+    return new Promise((resolve) => {
+      this.server!.closeAllConnections();
+      this.server!.close(() => resolve());
+    });
+  }
+}
+
+export function json(res: ServerResponse, status: number, value: unknown, headers: Record<string, string> = {}): void {
+  const body = JSON.stringify(value);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body), ...headers });
+  res.end(body);
+}
+
+export function openaiCompletion(text: string, usage = { prompt_tokens: 10, completion_tokens: 20, total_tokens: 30 }) {
+  return {
+    id: 'chatcmpl-up', object: 'chat.completion', created: 1, model: 'up-model',
+    choices: [{ index: 0, message: { role: 'assistant', content: text }, finish_reason: 'stop' }], usage,
+  };
+}
+
+/** An OpenAI stream; `usage` is sent (as its own chunk) only when the request asked for it. */
+export function openaiStream(pieces: string[], usage: Record<string, unknown>, opts: { delayMs?: number; cutAfter?: number } = {}): Behaviour {
+  return (_req, res, body) => {
+    const wantUsage = (body.stream_options as { include_usage?: boolean } | undefined)?.include_usage === true;
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'x-request-id': 'up-req-1' });
+    const events = pieces.map((p) => `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content: p }, finish_reason: null }], usage: null })}\n\n`);
+    events.push(`data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta: {}, finish_reason: 'stop' }], usage: null })}\n\n`);
+    if (wantUsage) events.push(`data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', choices: [], usage })}\n\n`);
+    events.push('data: [DONE]\n\n');
+    sendEvents(res, events, opts);
+  };
+}
+
+export function anthropicMessage(text: string, usage: Record<string, number> = { input_tokens: 10, output_tokens: 20 }) {
+  return { id: 'msg_up', type: 'message', role: 'assistant', model: 'up-model', content: [{ type: 'text', text }],
+    stop_reason: 'end_turn', stop_sequence: null, usage };
+}
+
+export function anthropicStream(pieces: string[], usage: { input: number; output: number; cacheRead?: number; cacheWrite?: number },
+  opts: { delayMs?: number; cutAfter?: number } = {}): Behaviour {
+  return (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream', 'request-id': 'up-req-2' });
+    const ev = (type: string, data: unknown) => `event: ${type}\ndata: ${JSON.stringify(data)}\n\n`;
+    const events = [
+      ev('message_start', { type: 'message_start', message: { id: 'msg_up', type: 'message', role: 'assistant', content: [], model: 'up',
+        usage: { input_tokens: usage.input, output_tokens: 1, cache_read_input_tokens: usage.cacheRead ?? 0,
+          cache_creation_input_tokens: usage.cacheWrite ?? 0 } } }),
+      ev('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } }),
+      ...pieces.map((p) => ev('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: p } })),
+      ev('content_block_stop', { type: 'content_block_stop', index: 0 }),
+      ev('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn', stop_sequence: null }, usage: { output_tokens: usage.output } }),
+      ev('message_stop', { type: 'message_stop' }),
+    ];
+    sendEvents(res, events, opts);
+  };
+}
+
+function sendEvents(res: ServerResponse, events: string[], opts: { delayMs?: number; cutAfter?: number }): void {
+  let i = 0;
+  const next = () => {
+    if (res.destroyed) return;
+    if (opts.cutAfter !== undefined && i >= opts.cutAfter) {
+      res.socket?.destroy();
+      return;
+    }
+    if (i >= events.length) {
+      res.end();
+      return;
+    }
+    res.write(events[i++]);
+    if (opts.delayMs) setTimeout(next, opts.delayMs);
+    else next();
+  };
+  next();
+}
