@@ -18,7 +18,7 @@ function ticket(d: Decision): Ticket {
 
 function rejected(d: { ok: boolean }, reason: string): void {
   assert.equal(d.ok, false);
-  assert.equal((d as { reason: string }).reason, reason);
+  assert.equal((d as unknown as { reason: string }).reason, reason);
 }
 
 describe('SlidingWindow', () => {
