@@ -61,6 +61,7 @@ export class Gateway {
     registerModelRoutes(this.router);
     registerAccountRoutes(this.router);
     registerCompletionRoutes(this.router);
+    this.restoreFromLedger();
     this.creditNewAccounts();
   }
 
@@ -78,6 +79,7 @@ export class Gateway {
   ready(): { ready: true } | { ready: false; reason: string } {
     if (this.draining) return { ready: false, reason: 'draining' };
     if (!this.limiter.ready()) return { ready: false, reason: 'limiter_unavailable' };
+    if (!this.ledger.ready()) return { ready: false, reason: 'ledger_unavailable' };
     return { ready: true };
   }
 
@@ -141,8 +143,9 @@ export class Gateway {
   }
 
   /**
-   * Runs `then` with a limiter answer that may be a value (memory) or a promise (a remote
-   * store); a store that fails answers 503 through `fault`.
+   * Runs `then` with an answer that may be a value (memory) or a promise (a remote store, the
+   * disk); a failure answers through `fault` (a store that cannot answer throws
+   * GatewayError('limiter_unavailable'), which is a 503).
    */
   decide<T>(ctx: RequestContext, res: ServerResponse, answer: T | Promise<T>, then: (value: T) => void): void {
     if (!(answer instanceof Promise)) return then(answer);
@@ -152,12 +155,24 @@ export class Gateway {
       } catch (err) {
         this.fault(ctx, res, err);
       }
-    }, (err: unknown) => this.fault(ctx, res, err instanceof GatewayError ? err : new GatewayError('limiter_unavailable')));
+    }, (err: unknown) => this.fault(ctx, res, err));
   }
 
-  /** Records a ledger entry with a fresh id. */
+  /** Records a ledger entry with a fresh id; a promise resolves when it is durable. */
   record(entry: Omit<LedgerEntry, 'id'>): void | Promise<void> {
-    return this.ledger.append({ id: newEntryId(entry.createdAt), ...entry });
+    const done = this.ledger.append({ id: newEntryId(entry.createdAt), ...entry });
+    if (done instanceof Promise) {
+      done.catch((err: unknown) => this.logger.error('ledger append failed', { request_id: entry.requestId, error: String(err) }));
+    }
+    return done;
+  }
+
+  /** A restart must not reset anyone's daily cap or balance: seed the limiter from the ledger. */
+  private restoreFromLedger(): void {
+    for (const [accountId, totals] of this.ledger.totals()) {
+      const prepaid = this.directory.accounts.get(accountId)?.prepaid ?? false;
+      this.limiter.restore(accountId, prepaid ? totals.balanceMicro : 0, totals.day, totals.spentMicro);
+    }
   }
 
   /** An account's `balanceUsd` is credited once, when it first appears in the ledger. */

@@ -6,6 +6,9 @@ import { loadConfigFile } from './config/load.js';
 import type { GatewayConfig } from './config/types.js';
 import { validateConfig, type ValidateResult } from './config/validate.js';
 import { Gateway } from './gateway.js';
+import { FileLedger } from './ledger/file.js';
+import { MemoryLedger } from './ledger/memory.js';
+import type { Ledger } from './ledger/types.js';
 import { Logger } from './log.js';
 import { createGatewayServer, listen } from './server.js';
 
@@ -74,12 +77,16 @@ async function start(options: StartOptions): Promise<void> {
   process.stdout.on('error', () => {}); // a closed stdout (EPIPE) must not crash the gateway
   if (result.ok) for (const warning of result.warnings) logger.warn(warning);
   if (config.limiter.store === 'redis') fail('limiter.store: "redis" is not available in this build yet; use "memory"');
+  let ledger: Ledger;
   if (config.ledger.store === 'file') {
-    logger.warn('ledger.store "file" is not available in this build yet: using memory (history is lost on restart)', {
-      dir: config.ledger.dir,
-    });
-  }
-  const gateway = new Gateway(config, { logger });
+    try {
+      ledger = await FileLedger.open(config.ledger.dir, { logger });
+    } catch (err) {
+      logger.flush();
+      fail(`ledger.dir ${config.ledger.dir}: ${(err as Error).message}`);
+    }
+  } else ledger = new MemoryLedger();
+  const gateway = new Gateway(config, { logger, ledger });
   const server = createGatewayServer(gateway);
   let url: string;
   try {
@@ -95,8 +102,11 @@ async function start(options: StartOptions): Promise<void> {
     if (demo) return logger.warn('SIGHUP ignored: the demo configuration has no file to reload');
     const next = loadConfigFile(file);
     if (!next.ok) return logger.error('config reload rejected; keeping the running config', { problems: next.errors });
+    const restartOnly = (['server', 'limiter', 'ledger'] as const)
+      .filter((section) => JSON.stringify(next.config[section]) !== JSON.stringify(gateway.config[section]));
     gateway.reload(next.config);
     logger.info('config reloaded', { config: resolve(file) });
+    if (restartOnly.length > 0) logger.warn('changes to these sections apply only after a restart', { sections: restartOnly });
   });
   let stopping = false;
   const drain = (signal: string) => {

@@ -1,7 +1,10 @@
-/** One line of an account's money history. Amounts are micro-dollars; a charge is negative. */
+/**
+ * One line of an account's money history. Amounts are micro-dollars; a charge is negative.
+ * `usage` records a call of a free model: it counts in usage, not in billing history.
+ */
 export interface LedgerEntry {
   readonly id: string;
-  readonly type: 'charge' | 'credit';
+  readonly type: 'charge' | 'credit' | 'usage';
   readonly accountId: string;
   readonly keyId: string | null;
   readonly amountMicro: number;
@@ -18,16 +21,52 @@ export interface LedgerEntry {
   readonly note: string | null;
 }
 
+/** An account's money state as the ledger knows it (rebuilt on restart). */
+export interface AccountTotals {
+  /** Sum of all credits and charges. */
+  balanceMicro: number;
+  /** UTC day number (epoch ms / 86 400 000) that `spentMicro` belongs to. */
+  day: number;
+  /** Charges of that day. */
+  spentMicro: number;
+}
+
+export interface HistoryPage {
+  entries: LedgerEntry[];
+  hasMore: boolean;
+  /** Pass as `after` for the next (older) page; null when there is none. */
+  nextCursor: string | null;
+}
+
+export type GroupBy = 'day' | 'model' | 'key';
+
+export interface UsageRow {
+  date: string | null;
+  model: string | null;
+  keyId: string | null;
+  requests: number;
+  inputTokens: number;
+  outputTokens: number;
+  costMicro: number;
+}
+
 /**
- * The record of every charge and credit. The limiter holds the live money state (today's
- * spend, balances); the ledger holds history and, on restart, rebuilds that state.
+ * The record of every charge, credit and call. The limiter holds the live money state
+ * (today's spend, balances); the ledger holds history and, on restart, rebuilds that state.
  */
 export interface Ledger {
   /** Whether the account has any entry yet (its one-time initial credit is given otherwise). */
   knowsAccount(accountId: string): boolean;
-  /** Records an entry; a promise means "durable when it resolves". */
+  /** Records an entry; a promise means "durable when it resolves". Ordering is preserved. */
   append(entry: LedgerEntry): void | Promise<void>;
-  /** The account's entries, oldest first. */
-  entries(accountId: string): readonly LedgerEntry[];
+  /** Balances and day totals of every account with entries, as of the last durable entry. */
+  totals(): ReadonlyMap<string, AccountTotals>;
+  /** Billing history (charges and credits), newest first. Throws GatewayError on a bad cursor. */
+  history(accountId: string, limit: number, after: string | null): HistoryPage | Promise<HistoryPage>;
+  /** Usage between two UTC days (inclusive, day numbers), grouped. */
+  usage(accountId: string, startDay: number, endDay: number, groupBy: GroupBy): UsageRow[];
+  /** Whether the ledger can record (a failing disk makes the gateway not ready). */
+  ready(): boolean;
+  /** Flushes and closes. */
   close(): void | Promise<void>;
 }

@@ -154,6 +154,12 @@ export class MemoryLimiter implements Limiter {
     if (t.idempotencyId !== null) this.inFlightIds.delete(t.idempotencyId);
   }
 
+  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number): void {
+    const money = this.moneyOf(accountId, this.clock.now());
+    money.balanceMicro = balanceMicro;
+    if (day === money.day) money.spentMicro = spentMicro;
+  }
+
   credit(accountId: string, amountMicro: number): number {
     const money = this.moneyOf(accountId, this.clock.now());
     money.balanceMicro += amountMicro;

@@ -92,6 +92,11 @@ export interface Limiter {
   settle(ticket: Ticket, costMicro: number): MaybeAsync<Settlement>;
   /** Gives back the slot and idempotency key (and any reservation not settled). Idempotent. */
   release(ticket: Ticket): void;
+  /**
+   * Seeds an account's money state from the ledger at start-up (memory store): its balance
+   * (prepaid accounts) and its spend on UTC day `day`.
+   */
+  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number): void;
   /** Adds prepaid credit to an account. */
   credit(accountId: string, amountMicro: number): MaybeAsync<number>;
   snapshot(account: AccountLimits): MaybeAsync<AccountSnapshot>;

@@ -147,11 +147,13 @@ class LiveExchange implements Exchange {
   }
 
   settle(usage: Usage | null, then: () => void): void {
-    if (!this.settled) {
-      if (usage === null) this.charge(this.estimate(), true);
-      else this.charge(usage, false);
-    }
-    then();
+    if (this.settled) return then();
+    const durable = usage === null ? this.charge(this.estimate(), true) : this.charge(usage, false);
+    if (!(durable instanceof Promise)) return then();
+    // The final bytes leave only once the charge is on disk (group commit).
+    durable.then(() => {
+      if (!this.aborted) then();
+    }, () => this.res.destroy());
   }
 
   fail(code: ErrorCode, details: ErrorDetails = {}): void {
@@ -182,20 +184,27 @@ class LiveExchange implements Exchange {
     return { inputTokens: tokensOf(this.inputChars), outputTokens: tokensOf(this.outputChars), cacheReadTokens: 0, cacheWriteTokens: 0 };
   }
 
-  private charge(usage: Usage, estimated: boolean): void {
+  /** Settles the ticket and records the call; a promise resolves when the record is durable. */
+  private charge(usage: Usage, estimated: boolean): void | Promise<void> {
     this.settled = true;
     const cost = costMicro(this.model.price, usage);
     const gw = this.gw;
     const settlement = gw.limiter.settle(this.ticket, cost);
-    if (!this.model.billable) return;
+    if (usage === NO_USAGE) {
+      if (settlement instanceof Promise) settlement.catch(() => {}); // nothing to record; the lease expires
+      return;
+    }
+    // Every call is recorded: billable ones as charges (billing history), free ones as usage only.
     const write = (balanceAfterMicro: number | null) => gw.record({
-      type: 'charge', accountId: this.ticket.accountId, keyId: this.ctx.key!.id, amountMicro: -cost, balanceAfterMicro,
-      createdAt: gw.clock.now(), requestId: this.ctx.id, model: this.model.id, inputTokens: usage.inputTokens,
-      outputTokens: usage.outputTokens, estimated, note: null,
+      type: this.model.billable ? 'charge' : 'usage', accountId: this.ticket.accountId, keyId: this.ctx.key!.id,
+      amountMicro: -cost, balanceAfterMicro, createdAt: gw.clock.now(), requestId: this.ctx.id, model: this.model.id,
+      inputTokens: usage.inputTokens + usage.cacheReadTokens + usage.cacheWriteTokens, outputTokens: usage.outputTokens,
+      estimated, note: null,
     });
-    if (settlement instanceof Promise) {
-      settlement.then((s) => write(s.balanceAfterMicro), (err) => gw.logger.error('settle failed', { request_id: this.ctx.id, error: String(err) }));
-    } else write(settlement.balanceAfterMicro);
+    if (!(settlement instanceof Promise)) return write(settlement.balanceAfterMicro);
+    const recorded = settlement.then((s) => write(s.balanceAfterMicro));
+    recorded.catch((err: unknown) => gw.logger.error('settlement failed', { request_id: this.ctx.id, error: String(err) }));
+    return recorded;
   }
 
   /** The response is over: finished, or the client went away first. */

@@ -3,6 +3,8 @@ import type { Server } from 'node:http';
 import type { Clock } from '../../src/clock.js';
 import { validateConfig } from '../../src/config/validate.js';
 import { Gateway } from '../../src/gateway.js';
+import { MemoryLedger } from '../../src/ledger/memory.js';
+import type { Ledger, LedgerEntry } from '../../src/ledger/types.js';
 import { Logger } from '../../src/log.js';
 import { createGatewayServer, listen } from '../../src/server.js';
 
@@ -50,14 +52,17 @@ export interface Running {
 
 /** Starts a real gateway on port 0 in this process. */
 export async function startGateway(
-  raw: Record<string, unknown> = testConfig(), options: { clock?: Clock; env?: Record<string, string> } = {},
+  raw: Record<string, unknown> = testConfig(),
+  options: { clock?: Clock; env?: Record<string, string>; ledger?: Ledger } = {},
 ): Promise<Running> {
   const clock = options.clock;
   const result = validateConfig(raw, { baseDir: process.cwd(), env: options.env ?? {} });
   if (!result.ok) throw new Error(`bad test config: ${result.errors.join('; ')}`);
   const logs: string[] = [];
   const logger = new Logger((text) => logs.push(text));
-  const gateway = new Gateway(result.config, clock === undefined ? { logger } : { logger, clock });
+  const gateway = new Gateway(result.config, {
+    logger, ...(clock === undefined ? {} : { clock }), ...(options.ledger === undefined ? {} : { ledger: options.ledger }),
+  });
   const server = createGatewayServer(gateway);
   const url = await listen(server, 0, '127.0.0.1');
   return {
@@ -84,3 +89,8 @@ export async function postJson(url: string, key: string, body: unknown, headers:
 export const chatBody = (model: string, text = 'hello there', extra: Record<string, unknown> = {}) => ({
   model, messages: [{ role: 'user', content: text }], ...extra,
 });
+
+/** Billing entries of an account in a gateway on the memory ledger, oldest first. */
+export function entriesOf(gw: Running, accountId: string): readonly LedgerEntry[] {
+  return (gw.gateway.ledger as MemoryLedger).entries(accountId);
+}

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
 import { after, before, describe, test } from 'node:test';
-import { auth, chatBody, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
+import { auth, chatBody, entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
 
 /** Every error answer: the envelope, the request id in body and header, and the retry hint. */
 async function expectError(res: Response, status: number, code: string, retry: string | null = status >= 500 || status === 429 ? 'true' : 'false') {
@@ -294,7 +294,7 @@ describe('limits end to end', () => {
       assert.equal(balance.balance, -0.00001, 'overshoot is bounded by one request');
       assert.equal(balance.daily_cap, null);
       assert.equal(balance.daily_remaining, null);
-      const entries = gw.gateway.ledger.entries('acct_bob');
+      const entries = entriesOf(gw, 'acct_bob');
       assert.deepEqual(entries.map((e) => [e.type, e.amountMicro, e.balanceAfterMicro]), [
         ['credit', 50, 50], ['charge', -30, 20], ['charge', -30, -10],
       ]);

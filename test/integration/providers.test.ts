@@ -4,7 +4,7 @@ import { after, before, beforeEach, describe, test } from 'node:test';
 import {
   anthropicMessage, anthropicStream, FakeUpstream, json, openaiCompletion, openaiStream,
 } from '../helpers/fake-upstream.js';
-import { chatBody, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
+import { chatBody, entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
 
 const PRICE = { inputPerMillion: 1, outputPerMillion: 2, cacheReadPerMillion: 0.5, cacheWritePerMillion: 4 };
 
@@ -40,7 +40,7 @@ describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
     up.queue.length = 0;
   });
 
-  const lastCharge = () => gw.gateway.ledger.entries('acct_a').at(-1)!;
+  const lastCharge = () => entriesOf(gw, 'acct_a').at(-1)!;
 
   test('chat: the provider key replaces the client key, model becomes upstreamModel, usage is metered', async () => {
     up.queue.push((_req, res) => json(res, 200, openaiCompletion('hi!', {

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
 import { after, before, describe, test } from 'node:test';
-import { chatBody, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
+import { chatBody, entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
 
 function sseData(text: string): string[] {
   return text.split('\n\n').filter((b) => b.startsWith('data: ')).map((b) => b.slice(6));
@@ -76,10 +76,10 @@ describe('mock provider, streaming and metering', () => {
   });
 
   test('a billable call is charged from usage before its final bytes', async () => {
-    const before = gw.gateway.ledger.entries('acct_bob').length;
+    const before = entriesOf(gw, 'acct_bob').length;
     const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-bob', chatBody('paid-1', 'x'.repeat(400), { stream: true }));
     await res.text();
-    const entries = gw.gateway.ledger.entries('acct_bob');
+    const entries = entriesOf(gw, 'acct_bob');
     assert.equal(entries.length, before + 1);
     const charge = entries.at(-1)!;
     assert.equal(charge.type, 'charge');
@@ -92,7 +92,7 @@ describe('mock provider, streaming and metering', () => {
 
   test('a client that goes away mid-stream releases its slot and is charged an estimate', async () => {
     const url = new URL(`${gw.url}/v1/chat/completions`);
-    const before = gw.gateway.ledger.entries('acct_bob').length;
+    const before = entriesOf(gw, 'acct_bob').length;
     // 200 characters at 20 tokens/s: about 2.5 s of stream; leave after the first chunks.
     await new Promise<void>((resolve, reject) => {
       const req = request(url, { method: 'POST', headers: { authorization: 'Bearer sk-bob', 'content-type': 'application/json' } }, (res) => {
@@ -120,8 +120,8 @@ describe('mock provider, streaming and metering', () => {
     }
     assert.equal(status, 200);
     assert.equal(gw.gateway.inFlight, 0);
-    const charge = gw.gateway.ledger.entries('acct_bob').at(-1)!;
-    assert.equal(gw.gateway.ledger.entries('acct_bob').length, before + 1);
+    const charge = entriesOf(gw, 'acct_bob').at(-1)!;
+    assert.equal(entriesOf(gw, 'acct_bob').length, before + 1);
     assert.equal(charge.estimated, true);
     assert.equal(charge.inputTokens, 50);
     assert.ok(charge.outputTokens >= 2 && charge.outputTokens < 50, `estimated output ${charge.outputTokens}`);

@@ -1,0 +1,97 @@
+import { DAY_MS } from '../clock.js';
+import type { AccountTotals, GroupBy, LedgerEntry, UsageRow } from './types.js';
+
+interface Cell {
+  requests: number;
+  inputTokens: number;
+  outputTokens: number;
+  costMicro: number;
+}
+
+/** Day number as YYYY-MM-DD. */
+export function dayString(day: number): string {
+  return new Date(day * DAY_MS).toISOString().slice(0, 10);
+}
+
+/**
+ * The aggregates every ledger keeps in memory: balances, each account's spend on its latest
+ * day (for the daily cap), and usage per day x model x key. Small, and what snapshots save.
+ */
+export class LedgerBook {
+  readonly totals = new Map<string, AccountTotals>();
+  /** account -> "day\tmodel\tkey" -> cell */
+  private readonly cells = new Map<string, Map<string, Cell>>();
+
+  apply(e: LedgerEntry): void {
+    const day = Math.floor(e.createdAt / DAY_MS);
+    let t = this.totals.get(e.accountId);
+    if (t === undefined) {
+      t = { balanceMicro: 0, day, spentMicro: 0 };
+      this.totals.set(e.accountId, t);
+    }
+    t.balanceMicro += e.amountMicro;
+    if (e.type === 'credit') return;
+    if (day > t.day) {
+      t.day = day;
+      t.spentMicro = 0;
+    }
+    if (day === t.day) t.spentMicro -= e.amountMicro;
+    let cells = this.cells.get(e.accountId);
+    if (cells === undefined) {
+      cells = new Map();
+      this.cells.set(e.accountId, cells);
+    }
+    const key = `${day}\t${e.model ?? ''}\t${e.keyId ?? ''}`;
+    let cell = cells.get(key);
+    if (cell === undefined) {
+      cell = { requests: 0, inputTokens: 0, outputTokens: 0, costMicro: 0 };
+      cells.set(key, cell);
+    }
+    cell.requests++;
+    cell.inputTokens += e.inputTokens;
+    cell.outputTokens += e.outputTokens;
+    cell.costMicro -= e.amountMicro;
+  }
+
+  usage(accountId: string, startDay: number, endDay: number, groupBy: GroupBy): UsageRow[] {
+    const groups = new Map<string, UsageRow>();
+    for (const [key, cell] of this.cells.get(accountId) ?? []) {
+      const [dayText, model, keyId] = key.split('\t') as [string, string, string];
+      const day = Number(dayText);
+      if (day < startDay || day > endDay) continue;
+      const group = groupBy === 'day' ? dayText : groupBy === 'model' ? model : keyId;
+      let row = groups.get(group);
+      if (row === undefined) {
+        row = {
+          date: groupBy === 'day' ? dayString(day) : null,
+          model: groupBy === 'model' ? model || null : null,
+          keyId: groupBy === 'key' ? keyId || null : null,
+          requests: 0, inputTokens: 0, outputTokens: 0, costMicro: 0,
+        };
+        groups.set(group, row);
+      }
+      row.requests += cell.requests;
+      row.inputTokens += cell.inputTokens;
+      row.outputTokens += cell.outputTokens;
+      row.costMicro += cell.costMicro;
+    }
+    return [...groups.values()].sort((a, b) =>
+      (a.date ?? a.model ?? a.keyId ?? '').localeCompare(b.date ?? b.model ?? b.keyId ?? ''));
+  }
+
+  /** A plain-JSON copy (for snapshots). */
+  save(): unknown {
+    return {
+      totals: [...this.totals],
+      cells: [...this.cells].map(([account, cells]) => [account, [...cells]]),
+    };
+  }
+
+  static load(saved: unknown): LedgerBook {
+    const book = new LedgerBook();
+    const s = saved as { totals: Array<[string, AccountTotals]>; cells: Array<[string, Array<[string, Cell]>]> };
+    for (const [account, totals] of s.totals) book.totals.set(account, { ...totals });
+    for (const [account, cells] of s.cells) book.cells.set(account, new Map(cells.map(([k, c]) => [k, { ...c }])));
+    return book;
+  }
+}

@@ -1,0 +1,192 @@
+import assert from 'node:assert/strict';
+import { appendFileSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, test } from 'node:test';
+import { DAY_MS } from '../../src/clock.js';
+import { LedgerBook } from '../../src/ledger/book.js';
+import { FileLedger, LedgerCorruptError } from '../../src/ledger/file.js';
+import { MemoryLedger } from '../../src/ledger/memory.js';
+import { decodeRecord, encodeRecord } from '../../src/ledger/record.js';
+import type { Ledger, LedgerEntry } from '../../src/ledger/types.js';
+import { Logger } from '../../src/log.js';
+import { rng } from '../helpers/fake-clock.js';
+
+const T0 = Date.UTC(2026, 0, 15, 10);
+let n = 0;
+function charge(accountId: string, micro: number, at = T0, extra: Partial<LedgerEntry> = {}): LedgerEntry {
+  n++;
+  return {
+    id: `txn_${n}`, type: 'charge', accountId, keyId: 'k1', amountMicro: -micro, balanceAfterMicro: null, createdAt: at,
+    requestId: `req_${n}`, model: 'm1', inputTokens: 10, outputTokens: 5, estimated: false, note: null, ...extra,
+  };
+}
+const credit = (accountId: string, micro: number, at = T0): LedgerEntry => charge(accountId, -micro, at, { type: 'credit', model: null, keyId: null });
+const tmp = () => mkdtempSync(join(tmpdir(), 'mg-ledger-'));
+const quiet = new Logger(() => {});
+
+async function allPages(ledger: Ledger, account: string, limit: number): Promise<LedgerEntry[]> {
+  const out: LedgerEntry[] = [];
+  let after: string | null = null;
+  for (let i = 0; i < 10_000; i++) {
+    const page = await ledger.history(account, limit, after);
+    out.push(...page.entries);
+    if (!page.hasMore) return out;
+    after = page.nextCursor;
+  }
+  throw new Error('pagination did not end');
+}
+
+describe('journal records', () => {
+  test('round trip, and a damaged line is refused', () => {
+    const e = charge('a', 5, T0, { note: 'ünïcode ✓', estimated: true });
+    const line = encodeRecord(e);
+    assert.ok(line.endsWith('\n'));
+    assert.deepEqual(decodeRecord(line.slice(0, -1)), e);
+    assert.equal(decodeRecord(line.slice(0, -1).replace('"m":-5', '"m":-6')), null);
+    assert.equal(decodeRecord(line.slice(0, 20)), null);
+    assert.equal(decodeRecord(''), null);
+  });
+});
+
+describe('LedgerBook', () => {
+  test('balances, spend of the latest UTC day, usage by day, model and key', () => {
+    const book = new LedgerBook();
+    book.apply(credit('a', 1000));
+    book.apply(charge('a', 100, T0));
+    book.apply(charge('a', 50, T0, { model: 'm2', keyId: 'k2' }));
+    book.apply(charge('a', 7, T0 + DAY_MS));
+    const t = book.totals.get('a')!;
+    assert.deepEqual(t, { balanceMicro: 843, day: Math.floor((T0 + DAY_MS) / DAY_MS), spentMicro: 7 });
+    const d0 = Math.floor(T0 / DAY_MS);
+    assert.deepEqual(book.usage('a', d0, d0 + 1, 'day').map((r) => [r.date, r.requests, r.costMicro]),
+      [['2026-01-15', 2, 150], ['2026-01-16', 1, 7]]);
+    assert.deepEqual(book.usage('a', d0, d0, 'model').map((r) => [r.model, r.costMicro, r.date]), [['m1', 100, null], ['m2', 50, null]]);
+    assert.deepEqual(book.usage('a', d0, d0 + 1, 'key').map((r) => [r.keyId, r.requests]), [['k1', 2], ['k2', 1]]);
+    assert.deepEqual(LedgerBook.load(JSON.parse(JSON.stringify(book.save()))).usage('a', d0, d0 + 1, 'day'), book.usage('a', d0, d0 + 1, 'day'));
+  });
+});
+
+for (const kind of ['memory', 'file'] as const) {
+  describe(`${kind} ledger: history pages`, () => {
+    test('newest first; no entry skipped or repeated across pages, even while new charges arrive', async () => {
+      const r = rng(7);
+      const ledger: Ledger = kind === 'memory' ? new MemoryLedger() : await FileLedger.open(tmp(), { maxSegmentBytes: 2000, logger: quiet });
+      const expected: string[] = [];
+      for (let i = 0; i < 120; i++) {
+        const e = r() < 0.7 ? charge('a', 1 + i) : charge('b', 1);
+        if (e.accountId === 'a') expected.push(e.id);
+        await ledger.append(e);
+      }
+      await ledger.append(charge('a', 1, T0, { type: 'usage' })); // free calls are not billing history
+      for (const limit of [1, 7, 20, 100]) {
+        const seen = (await allPages(ledger, 'a', limit)).map((e) => e.id);
+        assert.deepEqual(seen, [...expected].reverse(), `limit ${limit}`);
+      }
+      // New charges arriving between pages do not shift the older pages.
+      const first = await ledger.history('a', 10, null);
+      for (let i = 0; i < 5; i++) await ledger.append(charge('a', 1));
+      const rest = (await allPages2(ledger, 'a', 10, first.nextCursor)).map((e) => e.id);
+      assert.deepEqual([...first.entries.map((e) => e.id), ...rest], [...expected].reverse());
+      await assert.rejects(async () => ledger.history('a', 10, 'garbage'), /cursor/);
+      assert.deepEqual(await ledger.history('nobody', 10, null), { entries: [], hasMore: false, nextCursor: null });
+      await ledger.close();
+    });
+  });
+}
+
+async function allPages2(ledger: Ledger, account: string, limit: number, after: string | null): Promise<LedgerEntry[]> {
+  const out: LedgerEntry[] = [];
+  for (;;) {
+    const page = await ledger.history(account, limit, after);
+    out.push(...page.entries);
+    if (!page.hasMore) return out;
+    after = page.nextCursor;
+  }
+}
+
+describe('file ledger', () => {
+  test('group commit: appends of one turn share one write and fsync', async () => {
+    const ledger = await FileLedger.open(tmp(), { logger: quiet });
+    await Promise.all(Array.from({ length: 200 }, (_, i) => ledger.append(charge('a', i + 1))));
+    assert.equal(ledger.stats.records, 200);
+    assert.ok(ledger.stats.commits <= 2, `${ledger.stats.commits} commits for 200 records`);
+    await ledger.close();
+  });
+
+  test('restart restores balances, today\'s spend and usage; sealed segments keep their history', async () => {
+    const dir = tmp();
+    const first = await FileLedger.open(dir, { maxSegmentBytes: 1500, logger: quiet });
+    await first.append(credit('a', 10_000));
+    for (let i = 0; i < 40; i++) await first.append(charge('a', 10, T0 + i));
+    await first.close();
+    const files = readdirSync(dir);
+    assert.ok(files.filter((f) => f.endsWith('.log')).length > 3, 'several segments');
+    assert.ok(files.includes('snapshot.json'));
+    assert.ok(files.some((f) => f.endsWith('.idx')));
+
+    const second = await FileLedger.open(dir, { maxSegmentBytes: 1500, logger: quiet });
+    assert.deepEqual(second.totals().get('a'), { balanceMicro: 9600, day: Math.floor(T0 / DAY_MS), spentMicro: 400 });
+    assert.equal(second.knowsAccount('a'), true);
+    assert.equal((await allPages(second, 'a', 15)).length, 41);
+    const d = Math.floor(T0 / DAY_MS);
+    assert.equal(second.usage('a', d, d, 'day')[0]!.requests, 40);
+    // Sealed indexes are read back from disk, or rebuilt if one is missing.
+    for (const f of readdirSync(dir).filter((x) => x.endsWith('.idx')).slice(0, 1)) rmSync(join(dir, f));
+    const third = await FileLedger.open(dir, { maxSegmentBytes: 1500, logger: quiet });
+    assert.equal((await allPages(third, 'a', 100)).length, 41);
+    await second.close();
+    await third.close();
+  });
+
+  test('a torn last record is cut off with a warning; damage elsewhere stops the start naming file and offset', async () => {
+    const dir = tmp();
+    const ledger = await FileLedger.open(dir, { logger: quiet });
+    for (let i = 0; i < 5; i++) await ledger.append(charge('a', 1));
+    await ledger.close();
+    const segment = join(dir, readdirSync(dir).find((f) => f.endsWith('.log'))!);
+    const goodSize = statSync(segment).size;
+    appendFileSync(segment, encodeRecord(charge('a', 99)).slice(0, 30)); // a crash mid-write
+    const warnings: string[] = [];
+    const reopened = await FileLedger.open(dir, { logger: new Logger((t) => warnings.push(t)) });
+    reopened['logger']?.flush();
+    assert.match(warnings.join(''), /torn last record/);
+    assert.equal(statSync(segment).size, goodSize);
+    assert.equal(reopened.totals().get('a')!.spentMicro, 5);
+    await reopened.append(charge('a', 1));
+    await reopened.close();
+
+    // Flip one byte in the middle: refused, with the file and the offset.
+    const bytes = readFileSync(segment);
+    const second = bytes.indexOf(10) + 1;
+    bytes[second + 20] = bytes[second + 20] === 0x31 ? 0x32 : 0x31;
+    writeFileSync(segment, bytes);
+    await assert.rejects(FileLedger.open(dir, { logger: quiet }), (err: unknown) => {
+      assert.ok(err instanceof LedgerCorruptError);
+      assert.equal(err.offset, second);
+      assert.match(err.message, /journal-00000001\.log/);
+      return true;
+    });
+  });
+
+  test('a crash between sealing steps is finished on the next start', async () => {
+    const dir = tmp();
+    const ledger = await FileLedger.open(dir, { maxSegmentBytes: 600, logger: quiet });
+    for (let i = 0; i < 12; i++) await ledger.append(charge('a', 1));
+    await ledger.close();
+    rmSync(join(dir, 'snapshot.json')); // as if the process died before the snapshot was written
+    const reopened = await FileLedger.open(dir, { maxSegmentBytes: 600, logger: quiet });
+    assert.equal(reopened.totals().get('a')!.spentMicro, 12);
+    assert.ok(existsSync(join(dir, 'snapshot.json')));
+    assert.equal((await allPages(reopened, 'a', 5)).length, 12);
+    await reopened.close();
+  });
+
+  test('a failing disk refuses further appends and makes the ledger not ready', async () => {
+    const ledger = await FileLedger.open(tmp(), { logger: quiet });
+    await ledger['handle']!.close(); // the file handle goes bad underneath
+    await assert.rejects(ledger.append(charge('a', 1)), /ledger write failed/);
+    assert.equal(ledger.ready(), false);
+    await assert.rejects(ledger.append(charge('a', 1)), /ledger write failed/);
+  });
+});
