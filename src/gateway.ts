@@ -3,7 +3,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import { systemClock, type Clock } from './clock.js';
 import type { GatewayConfig } from './config/types.js';
-import { Directory } from './directory.js';
+import { Directory, type AccountEntry } from './directory.js';
 import { GatewayError } from './errors.js';
 import { RequestContext, validIdempotencyKey } from './http/context.js';
 import { sendError, sendErrorSpec } from './http/reply.js';
@@ -175,18 +175,28 @@ export class Gateway {
     }
   }
 
-  /** An account's `balanceUsd` is credited once, when it first appears in the ledger. */
+  /** An account's `balanceUsd` is credited once, when it first appears (the limiter's store decides). */
   private creditNewAccounts(): void {
     for (const account of this.directory.accounts.values()) {
-      if (!account.prepaid || this.ledger.knowsAccount(account.id)) continue;
-      const credited = this.limiter.credit(account.id, account.initialCreditMicro);
-      const write = (balance: number) => this.record({
+      if (account.prepaid) this.creditOnce(account);
+    }
+  }
+
+  private creditOnce(account: AccountEntry): void {
+    const write = (balance: number | null) => {
+      if (balance === null) return;
+      void this.record({
         type: 'credit', accountId: account.id, keyId: null, amountMicro: account.initialCreditMicro, balanceAfterMicro: balance,
         createdAt: this.clock.now(), requestId: null, model: null, inputTokens: 0, outputTokens: 0, estimated: false,
         note: 'initial balance from config',
       });
-      if (credited instanceof Promise) credited.then(write, (err) => this.logger.error('credit failed', { account_id: account.id, error: String(err) }));
-      else write(credited);
-    }
+    };
+    const credited = this.limiter.creditOnce(account.id, account.initialCreditMicro);
+    if (!(credited instanceof Promise)) return write(credited);
+    credited.then(write, (err) => {
+      // The shared store is away (start-up before Redis answers): try again shortly.
+      this.logger.warn('initial credit deferred: limiter store unavailable', { account_id: account.id, error: String(err) });
+      setTimeout(() => this.creditOnce(account), 1000).unref();
+    });
   }
 }

@@ -9,6 +9,8 @@ import { Gateway } from './gateway.js';
 import { FileLedger } from './ledger/file.js';
 import { MemoryLedger } from './ledger/memory.js';
 import type { Ledger } from './ledger/types.js';
+import { RedisLimiter } from './limiter/redis.js';
+import type { Limiter } from './limiter/types.js';
 import { Logger } from './log.js';
 import { createGatewayServer, listen } from './server.js';
 
@@ -76,7 +78,6 @@ async function start(options: StartOptions): Promise<void> {
   const logger = new Logger();
   process.stdout.on('error', () => {}); // a closed stdout (EPIPE) must not crash the gateway
   if (result.ok) for (const warning of result.warnings) logger.warn(warning);
-  if (config.limiter.store === 'redis') fail('limiter.store: "redis" is not available in this build yet; use "memory"');
   let ledger: Ledger;
   if (config.ledger.store === 'file') {
     try {
@@ -86,7 +87,17 @@ async function start(options: StartOptions): Promise<void> {
       fail(`ledger.dir ${config.ledger.dir}: ${(err as Error).message}`);
     }
   } else ledger = new MemoryLedger();
-  const gateway = new Gateway(config, { logger, ledger });
+  let limiter: Limiter | undefined;
+  if (config.limiter.store === 'redis') {
+    try {
+      limiter = new RedisLimiter({ ...config.limiter, logger });
+    } catch (err) {
+      fail(`limiter.store: ${(err as Error).message}`);
+    }
+    // Start even if Redis is away (not ready, fail-closed); it is picked up when it answers.
+    await (limiter as RedisLimiter).whenReady(3000).catch(() => logger.warn('redis is not reachable yet; requests get 503 until it is'));
+  }
+  const gateway = new Gateway(config, { logger, ledger, ...(limiter === undefined ? {} : { limiter }) });
   const server = createGatewayServer(gateway);
   let url: string;
   try {

@@ -15,7 +15,7 @@ export interface ServerConfig {
 
 export type LimiterConfig =
   | { store: 'memory' }
-  | { store: 'redis'; url: string; prefix: string; timeoutMs: number };
+  | { store: 'redis'; url: string; prefix: string; timeoutMs: number; leaseMs: number };
 
 export type LedgerConfig = { store: 'memory' } | { store: 'file'; dir: string };
 

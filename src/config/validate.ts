@@ -173,10 +173,10 @@ function checkServer(c: Checker, value: unknown): ServerConfig {
 
 function checkLimiter(c: Checker, value: unknown): LimiterConfig {
   if (value === undefined) return { store: 'memory' };
-  const o = c.object('limiter', value, ['store', 'url', 'prefix', 'timeoutMs']);
+  const o = c.object('limiter', value, ['store', 'url', 'prefix', 'timeoutMs', 'leaseMs']);
   if (o === null) return { store: 'memory' };
   if (o.store === undefined || o.store === 'memory') {
-    for (const key of ['url', 'prefix', 'timeoutMs']) {
+    for (const key of ['url', 'prefix', 'timeoutMs', 'leaseMs']) {
       if (o[key] !== undefined) c.fail(`limiter.${key}`, 'applies only to store "redis"');
     }
     return { store: 'memory' };
@@ -191,6 +191,7 @@ function checkLimiter(c: Checker, value: unknown): LimiterConfig {
     url: c.string('limiter.url', o.url, ''),
     prefix: c.string('limiter.prefix', o.prefix, 'mg:'),
     timeoutMs: c.int('limiter.timeoutMs', o.timeoutMs, 1, 60_000, 100),
+    leaseMs: c.int('limiter.leaseMs', o.leaseMs, 300, 3_600_000, 30_000),
   };
 }
 

@@ -70,6 +70,8 @@ export class MemoryLimiter implements Limiter {
   private readonly accounts = new Map<string, RateState>();
   private readonly keys = new Map<string, RateState>();
   private readonly money = new Map<string, MoneyState>();
+  /** Accounts whose initial credit is given (or whose state came from the ledger). */
+  private readonly credited = new Set<string>();
   /** `accountId \n Idempotency-Key` of requests still executing. */
   private readonly inFlightIds = new Set<string>();
   private readonly sweepAccounts = new Sweeper(this.accounts, rateIdle);
@@ -158,6 +160,13 @@ export class MemoryLimiter implements Limiter {
     const money = this.moneyOf(accountId, this.clock.now());
     money.balanceMicro = balanceMicro;
     if (day === money.day) money.spentMicro = spentMicro;
+    this.credited.add(accountId);
+  }
+
+  creditOnce(accountId: string, amountMicro: number): number | null {
+    if (this.credited.has(accountId)) return null;
+    this.credited.add(accountId);
+    return this.credit(accountId, amountMicro);
   }
 
   credit(accountId: string, amountMicro: number): number {

@@ -93,12 +93,17 @@ export interface Limiter {
   /** Gives back the slot and idempotency key (and any reservation not settled). Idempotent. */
   release(ticket: Ticket): void;
   /**
-   * Seeds an account's money state from the ledger at start-up (memory store): its balance
-   * (prepaid accounts) and its spend on UTC day `day`.
+   * Seeds an account's money state from the ledger at start-up: its balance (prepaid
+   * accounts) and its spend on UTC day `day`. A shared store keeps its own state and ignores this.
    */
   restore(accountId: string, balanceMicro: number, day: number, spentMicro: number): void;
-  /** Adds prepaid credit to an account. */
+  /** Adds prepaid credit to an account; resolves to the balance after. */
   credit(accountId: string, amountMicro: number): MaybeAsync<number>;
+  /**
+   * The one-time initial credit of a prepaid account: given only if the account was never
+   * credited (or restored) before; resolves to the balance after, or null when not given.
+   */
+  creditOnce(accountId: string, amountMicro: number): MaybeAsync<number | null>;
   snapshot(account: AccountLimits): MaybeAsync<AccountSnapshot>;
   /** Whether the store can make decisions now (for /readyz). */
   ready(): boolean;

@@ -1,0 +1,239 @@
+import { createHash, randomBytes } from 'node:crypto';
+import type { RedisClientType } from 'redis';
+import { GatewayError } from '../errors.js';
+import type { Logger } from '../log.js';
+import { ADMIT, CREDIT, FINISH, RENEW, SNAPSHOT } from './redis-scripts.js';
+import {
+  Rejection, type AccountLimits, type AccountSnapshot, type Decision, type InstantDecision, type KeyLimits, type Limiter,
+  type RejectReason, type Settlement, type Ticket,
+} from './types.js';
+
+export interface RedisLimiterOptions {
+  url: string;
+  prefix: string;
+  /** A command that takes longer fails the request with 503 (fail-closed). */
+  timeoutMs: number;
+  /** How long slots, reservations and idempotency keys outlive an instance that died. */
+  leaseMs?: number;
+  logger?: Logger;
+}
+
+class RedisTicket implements Ticket {
+  readonly ok = true as const;
+  finished = false;
+  constructor(
+    readonly id: string,
+    readonly accountId: string,
+    readonly keyId: string | null,
+    readonly idempotencyKey: string | null,
+    readonly prepaid: boolean,
+    readonly reservedMicro: number,
+  ) {}
+}
+
+const ADMITTED: InstantDecision = Object.freeze({ ok: true as const });
+
+interface Script {
+  source: string;
+  sha: string;
+}
+const script = (source: string): Script => ({ source, sha: createHash('sha1').update(source).digest('hex') });
+const SCRIPTS = { admit: script(ADMIT), finish: script(FINISH), renew: script(RENEW), credit: script(CREDIT), snapshot: script(SNAPSHOT) };
+
+/** Loads the optional `redis` package only when the config asks for it. */
+function loadRedis(): typeof import('redis') {
+  try {
+    return require('redis') as typeof import('redis');
+  } catch {
+    throw new Error('limiter.store "redis" needs the "redis" package: run `npm install redis` beside the gateway');
+  }
+}
+
+/**
+ * The limiter shared by every gateway instance through Redis: one EVALSHA per admission
+ * (every check in the contract's order), one per settlement (which also releases). Slots,
+ * reservations and idempotency keys are leases renewed while a request lives, so a crashed
+ * instance's holdings return by themselves within `leaseMs`. Fail-closed: no offline queue,
+ * a tight timeout per command, and a store that does not answer is a 503.
+ */
+export class RedisLimiter implements Limiter {
+  private readonly client: RedisClientType;
+  private readonly prefix: string;
+  private readonly timeoutMs: number;
+  readonly leaseMs: number;
+  private readonly logger: Logger | undefined;
+  /** Tickets still holding leases here: renewed together, one batch per interval. */
+  private readonly live = new Set<RedisTicket>();
+  private readonly renewTimer: NodeJS.Timeout;
+  private readonly idPrefix = randomBytes(6).toString('hex');
+  private counter = 0;
+  private lastError = 0;
+
+  constructor(options: RedisLimiterOptions) {
+    const { createClient } = loadRedis();
+    this.prefix = options.prefix;
+    this.timeoutMs = options.timeoutMs;
+    this.leaseMs = options.leaseMs ?? 30_000;
+    this.logger = options.logger;
+    this.client = createClient({
+      url: options.url,
+      disableOfflineQueue: true, // never queue a decision behind an outage
+      socket: {
+        connectTimeout: Math.max(options.timeoutMs, 1000),
+        reconnectStrategy: (retries: number) => Math.min(50 * 2 ** retries, 1000),
+      },
+    }) as RedisClientType;
+    this.client.on('error', (err: Error) => {
+      const now = Date.now();
+      if (now - this.lastError > 5000) this.logger?.warn('redis limiter store error', { error: err.message });
+      this.lastError = now;
+    });
+    this.client.connect().catch(() => { /* reconnects by itself; requests fail closed meanwhile */ });
+    this.renewTimer = setInterval(() => this.renewAll(), Math.max(100, Math.floor(this.leaseMs / 3)));
+    this.renewTimer.unref();
+  }
+
+  /** Resolves once connected (or rejects after `ms`): for start-up and tests. */
+  async whenReady(ms: number): Promise<void> {
+    const until = Date.now() + ms;
+    while (!this.client.isReady) {
+      if (Date.now() > until) throw new Error('redis is not reachable');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  }
+
+  admit(account: AccountLimits, key: KeyLimits, idempotencyKey: string | null, estimateMicro: number | null): Promise<Decision> {
+    const id = this.nextId();
+    return this.run(account, key, idempotencyKey, estimateMicro, false, id).then((reason) => {
+      if (reason !== null) return reason;
+      const ticket = new RedisTicket(id, account.id, hasKeyLimits(key) ? key.id : null, idempotencyKey, account.prepaid, estimateMicro ?? 0);
+      this.live.add(ticket);
+      return ticket;
+    });
+  }
+
+  admitInstant(account: AccountLimits, key: KeyLimits, idempotencyKey: string | null): Promise<InstantDecision> {
+    return this.run(account, key, idempotencyKey, null, true, this.nextId()).then((reason) => reason ?? ADMITTED);
+  }
+
+  /** Settles and releases in the same round trip. */
+  settle(ticket: Ticket, costMicro: number): Promise<Settlement> {
+    const t = ticket as RedisTicket;
+    if (t.finished) return Promise.resolve({ balanceAfterMicro: null });
+    t.finished = true;
+    this.live.delete(t);
+    const a = this.tag(t.accountId);
+    return this.eval(SCRIPTS.finish, [
+      `${a}:s`, `${a}:m`, `${a}:r`, `${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`,
+    ], [t.id, String(costMicro), t.prepaid ? '1' : '0', t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0'])
+      .then((balance) => ({ balanceAfterMicro: t.prepaid ? Number(balance) : null }));
+  }
+
+  release(ticket: Ticket): void {
+    const t = ticket as RedisTicket;
+    if (t.finished) return;
+    // Not settled (nothing to charge): release now; if Redis is away, the lease expires instead.
+    this.settle(t, 0).catch(() => {});
+  }
+
+  restore(): void {
+    // Redis holds the shared money state itself.
+  }
+
+  credit(accountId: string, amountMicro: number): Promise<number> {
+    return this.eval(SCRIPTS.credit, [`${this.tag(accountId)}:m`], [String(amountMicro), '0'])
+      .then((r) => Number((r as unknown[])[1]));
+  }
+
+  creditOnce(accountId: string, amountMicro: number): Promise<number | null> {
+    return this.eval(SCRIPTS.credit, [`${this.tag(accountId)}:m`], [String(amountMicro), '1'])
+      .then((r) => ((r as unknown[])[0] === 1 ? Number((r as unknown[])[1]) : null));
+  }
+
+  snapshot(account: AccountLimits): Promise<AccountSnapshot> {
+    const a = this.tag(account.id);
+    return this.eval(SCRIPTS.snapshot, [`${a}:m`, `${a}:s`], []).then((r) => {
+      const [bal, spent, resv, inFlight, now] = (r as unknown[]).map(Number) as [number, number, number, number, number];
+      return {
+        balanceMicro: account.prepaid ? bal : null, spentTodayMicro: spent, reservedMicro: resv, inFlight,
+        resetsAtMs: (Math.floor(now / 86_400_000) + 1) * 86_400_000,
+      };
+    });
+  }
+
+  ready(): boolean {
+    return this.client.isReady;
+  }
+
+  async close(): Promise<void> {
+    clearInterval(this.renewTimer);
+    try {
+      if (this.client.isOpen) await this.client.quit();
+    } catch {
+      this.client.destroy();
+    }
+  }
+
+  private nextId(): string {
+    return `${this.idPrefix}${(++this.counter).toString(36)}`;
+  }
+
+  private tag(accountId: string): string {
+    return `${this.prefix}{${accountId}}`;
+  }
+
+  private run(
+    account: AccountLimits, key: KeyLimits, idempotencyKey: string | null, estimateMicro: number | null, instant: boolean, id: string,
+  ): Promise<Rejection | null> {
+    const a = this.tag(account.id);
+    const limited = hasKeyLimits(key);
+    const keys = [
+      `${a}:w`, `${a}:s`, `${a}:m`, `${a}:r`, `${a}:kw:${limited ? key.id : ''}`, `${a}:ks:${limited ? key.id : ''}`,
+      `${a}:i:${idempotencyKey ?? ''}`,
+    ];
+    const n = (v: number | null) => String(v ?? -1);
+    const args = [
+      id, n(account.rpm), n(account.concurrency), n(limited ? key.rpm : null), n(limited ? key.concurrency : null), limited ? '1' : '0',
+      n(account.dailyCapMicro), account.prepaid ? '1' : '0', n(estimateMicro), String(this.leaseMs),
+      idempotencyKey !== null ? '1' : '0', instant ? '1' : '0',
+    ];
+    return this.eval(SCRIPTS.admit, keys, args).then((r) => {
+      const [reason, wait, resetsAt] = r as [string, number, number];
+      return reason === 'ok' ? null : new Rejection(reason as RejectReason, Number(wait), Number(resetsAt));
+    });
+  }
+
+  /** EVALSHA with a deadline; loads the script on NOSCRIPT. Any failure is a 503 limiter_unavailable. */
+  private eval(s: Script, keys: string[], args: string[]): Promise<unknown> {
+    if (!this.client.isReady) return Promise.reject(new GatewayError('limiter_unavailable', { retryAfterS: 1 }));
+    const call = this.client.evalSha(s.sha, { keys, arguments: args }).catch((err: Error) => {
+      if (!String(err.message).startsWith('NOSCRIPT')) throw err;
+      return this.client.eval(s.source, { keys, arguments: args });
+    });
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => reject(new GatewayError('limiter_unavailable', { retryAfterS: 1 })), this.timeoutMs);
+      call.then((value) => {
+        clearTimeout(timer);
+        resolve(value);
+      }, (err: Error) => {
+        clearTimeout(timer);
+        this.logger?.warn('redis limiter command failed', { error: err.message });
+        reject(new GatewayError('limiter_unavailable', { retryAfterS: 1 }));
+      });
+    });
+  }
+
+  /** Extends every live ticket's leases (node-redis pipelines the calls made in one tick). */
+  private renewAll(): void {
+    if (!this.client.isReady) return;
+    for (const t of this.live) {
+      const a = this.tag(t.accountId);
+      this.eval(SCRIPTS.renew, [`${a}:s`, `${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`],
+        [t.id, String(this.leaseMs), t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0']).catch(() => {});
+    }
+  }
+}
+
+function hasKeyLimits(key: KeyLimits): boolean {
+  return key.rpm !== null || key.concurrency !== null;
+}
