@@ -12,6 +12,7 @@ import type { Ledger, LedgerEntry } from './ledger/types.js';
 import { MemoryLimiter } from './limiter/memory.js';
 import type { Limiter, Rejection } from './limiter/types.js';
 import { Logger } from './log.js';
+import { Metrics } from './metrics.js';
 import { createProviders } from './providers/index.js';
 import type { Provider } from './providers/types.js';
 import { Router } from './router.js';
@@ -42,6 +43,7 @@ export class Gateway {
   readonly limiter: Limiter;
   readonly ledger: Ledger;
   readonly router = new Router<Gateway>();
+  readonly metrics: Metrics;
   directory: Directory;
   providers: Map<string, Provider>;
   draining = false;
@@ -55,6 +57,10 @@ export class Gateway {
     this.limiter = options.limiter ?? new MemoryLimiter(this.clock);
     this.ledger = options.ledger ?? new MemoryLedger();
     this.createdS = Math.floor(this.clock.now() / 1000);
+    this.metrics = new Metrics({
+      inFlight: () => this.inFlight, limiterUp: () => this.limiter.ready(), ledgerUp: () => this.ledger.ready(),
+      draining: () => this.draining,
+    });
     this.directory = new Directory(config, this.createdS);
     this.providers = createProviders(config);
     registerProbeRoutes(this.router);
@@ -89,6 +95,7 @@ export class Gateway {
     if (this.draining) ctx.closeConnection = true;
     const route = this.router.find(ctx);
     if (route === undefined) return sendError(ctx, res, 'not_found', this.done);
+    ctx.route = route.label;
     if (route.anthropic) ctx.anthropic = true;
     const handler = route.methods[ctx.method];
     if (handler === undefined) return sendError(ctx, res, 'method_not_allowed', this.done, {}, ['allow', route.allow]);
@@ -115,8 +122,25 @@ export class Gateway {
   readonly done = (ctx: RequestContext): void => {
     if (ctx.logged) return;
     ctx.logged = true;
-    this.logger.access(ctx.id, ctx.method, ctx.path, ctx.status, performance.now() - ctx.startMs, ctx.key?.account.id ?? null);
+    const ms = performance.now() - ctx.startMs;
+    this.metrics.request(ctx.route, ctx.status, ms / 1000);
+    this.logger.access(ctx.id, ctx.method, ctx.path, ctx.status, ms, ctx.key?.account.id ?? null);
   };
+
+  /**
+   * Runs `then` once the limiter admits (its answer may be a value or a promise); a denial is
+   * answered with its contract error. Every admission decision is counted here.
+   */
+  admit<T extends { ok: true }>(ctx: RequestContext, res: ServerResponse, answer: T | Rejection | Promise<T | Rejection>, then: (admitted: T) => void): void {
+    this.decide(ctx, res, answer, (decision) => {
+      if (!decision.ok) {
+        this.metrics.admission(decision.reason);
+        return this.reject(ctx, res, decision);
+      }
+      this.metrics.admission('admitted');
+      then(decision);
+    });
+  }
 
   /** Answers a limiter denial with its contract error. */
   reject(ctx: RequestContext, res: ServerResponse, rejection: Rejection): void {

@@ -4,6 +4,8 @@ import type { RequestContext } from './http/context.js';
 export type Handler<G> = (gateway: G, ctx: RequestContext, req: IncomingMessage, res: ServerResponse) => void;
 
 export interface Route<G> {
+  /** The path pattern, for metrics (`/v1/models/{id}`). */
+  readonly label: string;
   /** Whether the route needs an API key (everything under /v1/). */
   readonly auth: boolean;
   /** Answers also carry `request-id` (Anthropic's header). */
@@ -29,7 +31,7 @@ export class Router<G> {
   private readonly prefixes: Array<{ prefix: string; route: Route<G> }> = [];
 
   add(path: string, spec: RouteSpec<G>): this {
-    const route = build(spec);
+    const route = build(path.endsWith('/*') ? `${path.slice(0, -2)}/{id}` : path, spec);
     if (path.endsWith('/*')) {
       const prefix = path.slice(0, -1);
       if (this.prefixes.some((p) => p.prefix === prefix)) throw new Error(`duplicate route ${path}`);
@@ -61,11 +63,11 @@ export class Router<G> {
   }
 }
 
-function build<G>(spec: RouteSpec<G>): Route<G> {
+function build<G>(label: string, spec: RouteSpec<G>): Route<G> {
   const methods = Object.assign(Object.create(null) as Record<string, Handler<G>>, spec.methods);
   if (methods.GET !== undefined && methods.HEAD === undefined && !spec.auth) methods.HEAD = methods.GET;
   for (const method of Object.keys(methods)) {
     if (!/^[A-Z]+$/.test(method)) throw new Error(`bad method ${method}`);
   }
-  return { auth: spec.auth ?? false, anthropic: spec.anthropic ?? false, methods, allow: Object.keys(methods).join(', ') };
+  return { label, auth: spec.auth ?? false, anthropic: spec.anthropic ?? false, methods, allow: Object.keys(methods).join(', ') };
 }

@@ -36,6 +36,8 @@ export class RequestContext {
   param = '';
   /** Set once the access log line is written. */
   logged = false;
+  /** The matched route's pattern, for metrics. */
+  route = 'unmatched';
 
   constructor(req: IncomingMessage, startMs: number) {
     this.startMs = startMs;

@@ -1,5 +1,6 @@
 import { Agent as HttpAgent, request as httpRequest, type IncomingMessage, type ClientRequest } from 'node:http';
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
+import { performance } from 'node:perf_hooks';
 import type { ProviderConfig } from '../config/types.js';
 import { upstreamStatusSpec } from '../errors.js';
 import type { ProtocolAdapter } from './protocols.js';
@@ -71,6 +72,7 @@ export class HttpProvider implements Provider {
       const req = send(url, { method: 'POST', headers, agent: agentFor(url) });
       current = req;
       let done = false;
+      const sentAt = performance.now();
       const timer = setTimeout(() => finish({ kind: 'timeout' }), Math.max(1, deadline - Date.now()));
       const finish = (outcome: Outcome) => {
         if (done) return;
@@ -80,7 +82,10 @@ export class HttpProvider implements Provider {
           waiting = setTimeout(() => { waiting = null; attempt(n + 1); }, wait);
         });
       };
-      req.on('response', (res) => finish({ kind: 'response', res }));
+      req.on('response', (res) => {
+        ex.observeUpstream((performance.now() - sentAt) / 1000);
+        finish({ kind: 'response', res });
+      });
       req.on('error', (error) => finish({ kind: 'error', error }));
       req.end(body);
     };
@@ -91,10 +96,12 @@ export class HttpProvider implements Provider {
     if (ex.aborted) return;
     const left = deadline - Date.now();
     if (outcome.kind === 'timeout') {
+      ex.upstreamFailed('timeout');
       req.destroy();
       return ex.fail('upstream_timeout', { message: `The provider did not answer within ${this.config.timeoutMs} ms.` });
     }
     if (outcome.kind === 'error') {
+      ex.upstreamFailed('connection');
       const wait = backoffMs(n, null);
       if (n < MAX_ATTEMPTS && wait < left) return retry(wait);
       return ex.fail('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
@@ -102,6 +109,7 @@ export class HttpProvider implements Provider {
     const res = outcome.res;
     const status = res.statusCode ?? 0;
     if (status >= 200 && status < 300) return this.relay(ex, res);
+    ex.upstreamFailed(status === 429 || status === 503 || status === 529 ? String(status) : status < 500 ? '4xx' : '5xx');
 
     const providerWait = retryAfterMs(res.headers, Date.now());
     if (RETRY_STATUSES.has(status)) {
@@ -143,11 +151,15 @@ export class HttpProvider implements Provider {
     if (!contentType.startsWith('text/event-stream')) {
       readSome(res, MAX_ANSWER_BYTES, (text, complete) => {
         if (ex.aborted) return;
-        if (!complete) return ex.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
+        if (!complete) {
+          ex.upstreamFailed('cut');
+          return ex.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
+        }
         let json: unknown;
         try {
           json = JSON.parse(text);
         } catch {
+          ex.upstreamFailed('garbage');
           return ex.fail('upstream_error', { message: 'The provider answered something that is not JSON.' });
         }
         const usage = this.adapter.usage(json);
@@ -179,6 +191,7 @@ export class HttpProvider implements Provider {
       if (ended || ex.aborted) return;
       ended = true;
       clearTimeout(idle);
+      ex.upstreamFailed('cut');
       ex.cut(watcher.usage(), why);
     };
     res.on('data', (chunk: Buffer) => {

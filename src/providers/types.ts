@@ -30,6 +30,10 @@ export interface Exchange {
   head(status: number, contentType: string, extra?: string[]): void;
   /** Counts generated characters relayed so far (the estimate when usage never arrives). */
   noteOutput(chars: number): void;
+  /** Reports the time to the provider's response headers of one attempt (metrics). */
+  observeUpstream(seconds: number): void;
+  /** Reports a failed attempt: 'connection', 'timeout', '429', '4xx', '5xx', 'garbage', 'cut' (metrics). */
+  upstreamFailed(kind: string): void;
   /** A request header of the client (lowercase name). */
   header(name: string): string | undefined;
   /**

@@ -29,8 +29,7 @@ export function registerAccountRoutes(router: Router<Gateway>): void {
       GET: (gw, ctx, _req, res) => {
         const key = ctx.key!;
         const account = key.account;
-        gw.decide(ctx, res, gw.limiter.admitInstant(account, key, ctx.idempotencyKey ?? null), (decision) => {
-          if (!decision.ok) return gw.reject(ctx, res, decision);
+        gw.admit(ctx, res, gw.limiter.admitInstant(account, key, ctx.idempotencyKey ?? null), () => {
           gw.decide(ctx, res, gw.limiter.snapshot(account), (snap) => {
             const cap = account.dailyCapMicro;
             sendJson(ctx, res, 200, JSON.stringify({
@@ -71,8 +70,7 @@ export function registerAccountRoutes(router: Router<Gateway>): void {
         if (groupBy !== 'day' && groupBy !== 'model' && groupBy !== 'key') {
           return gw.fault(ctx, res, badParam('group_by', '"group_by" must be day, model or key.'));
         }
-        gw.decide(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), (decision) => {
-          if (!decision.ok) return gw.reject(ctx, res, decision);
+        gw.admit(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), () => {
           const rows = gw.ledger.usage(key.account.id, start, end, groupBy).map((r) => ({
             date: r.date, model: r.model, key_id: r.keyId, requests: r.requests, input_tokens: r.inputTokens,
             output_tokens: r.outputTokens, cost: microToUsd(r.costMicro),
@@ -95,8 +93,7 @@ export function registerAccountRoutes(router: Router<Gateway>): void {
           return gw.fault(ctx, res, badParam('limit', '"limit" must be an integer from 1 to 100.'));
         }
         const after = params.get('after');
-        gw.decide(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), (decision) => {
-          if (!decision.ok) return gw.reject(ctx, res, decision);
+        gw.admit(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), () => {
           gw.decide(ctx, res, gw.ledger.history(key.account.id, limit, after === '' ? null : after), (page) => {
             sendJson(ctx, res, 200, JSON.stringify({
               object: 'list', data: page.entries.map(historyItem), has_more: page.hasMore, next_cursor: page.nextCursor,

@@ -74,8 +74,7 @@ function afterBody(
       inputTokens: tokensOf(chars), outputTokens: endpoint === 'embeddings' ? 0 : maxOutput, cacheReadTokens: 0, cacheWriteTokens: 0,
     })
     : null;
-  gw.decide(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, estimate), (decision) => {
-    if (!decision.ok) return gw.reject(ctx, res, decision);
+  gw.admit(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, estimate), (decision) => {
     const exchange = new LiveExchange(gw, ctx, req, res, endpoint, call, model, chars, maxOutput, decision);
     const provider = gw.providers.get(model.provider.id)!;
     try {
@@ -141,6 +140,14 @@ class LiveExchange implements Exchange {
     this.outputChars += chars;
   }
 
+  observeUpstream(seconds: number): void {
+    this.gw.metrics.upstream(this.model.provider.id, seconds);
+  }
+
+  upstreamFailed(kind: string): void {
+    this.gw.metrics.upstreamError(this.model.provider.id, kind);
+  }
+
   header(name: string): string | undefined {
     const value = this.req.headers[name];
     return Array.isArray(value) ? value[0] : value;
@@ -194,6 +201,7 @@ class LiveExchange implements Exchange {
       if (settlement instanceof Promise) settlement.catch(() => {}); // nothing to record; the lease expires
       return;
     }
+    gw.metrics.charge(this.model.id, usage.inputTokens + usage.cacheReadTokens + usage.cacheWriteTokens, usage.outputTokens, cost);
     // Every call is recorded: billable ones as charges (billing history), free ones as usage only.
     const write = (balanceAfterMicro: number | null) => gw.record({
       type: this.model.billable ? 'charge' : 'usage', accountId: this.ticket.accountId, keyId: this.ctx.key!.id,

@@ -9,8 +9,7 @@ export function registerModelRoutes(router: Router<Gateway>): void {
     methods: {
       GET: (gw, ctx, _req, res) => {
         const key = ctx.key!;
-        gw.decide(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), (decision) => {
-          if (!decision.ok) return gw.reject(ctx, res, decision);
+        gw.admit(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), () => {
           sendJson(ctx, res, 200, key.modelsBody, gw.done);
         });
       },
@@ -21,8 +20,7 @@ export function registerModelRoutes(router: Router<Gateway>): void {
     methods: {
       GET: (gw, ctx, _req, res) => {
         const key = ctx.key!;
-        gw.decide(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), (decision) => {
-          if (!decision.ok) return gw.reject(ctx, res, decision);
+        gw.admit(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), () => {
           const model = gw.directory.listedModel(key, ctx.param);
           if (model === undefined) return sendError(ctx, res, 'model_not_found', gw.done);
           sendJson(ctx, res, 200, model.objectBody, gw.done);

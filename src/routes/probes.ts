@@ -1,5 +1,5 @@
 import type { Gateway } from '../gateway.js';
-import { sendJson } from '../http/reply.js';
+import { baseHeaders, sendError, sendJson } from '../http/reply.js';
 import type { Router } from '../router.js';
 
 // Probe answers never change: built once.
@@ -16,6 +16,20 @@ export function registerProbeRoutes(router: Router<Gateway>): void {
         const state = gw.ready();
         if (state.ready) sendJson(ctx, res, 200, READY, gw.done);
         else sendJson(ctx, res, 503, JSON.stringify({ status: 'not_ready', reason: state.reason }), gw.done);
+      },
+    },
+  });
+  router.add('/metrics', {
+    methods: {
+      GET: (gw, ctx, _req, res) => {
+        if (!gw.config.server.metrics) return sendError(ctx, res, 'not_found', gw.done);
+        const body = gw.metrics.render();
+        const headers = baseHeaders(ctx, 'text/plain; version=0.0.4; charset=utf-8');
+        headers.push('content-length', String(Buffer.byteLength(body)));
+        ctx.status = 200;
+        res.writeHead(200, headers);
+        res.end(body);
+        gw.done(ctx);
       },
     },
   });

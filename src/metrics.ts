@@ -1,0 +1,161 @@
+/**
+ * Prometheus metrics, written without a dependency. Label sets are bounded: routes, statuses,
+ * reasons, providers and models all come from the code or the config, never from a request
+ * (no per-key labels). Counting is a few map lookups per request; the text is built per scrape.
+ */
+
+const DURATION_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
+
+class Histogram {
+  readonly counts = new Float64Array(DURATION_BUCKETS.length);
+  sum = 0;
+  count = 0;
+
+  observe(seconds: number): void {
+    this.sum += seconds;
+    this.count++;
+    for (let i = 0; i < DURATION_BUCKETS.length; i++) {
+      if (seconds <= DURATION_BUCKETS[i]!) {
+        this.counts[i]!++;
+        return;
+      }
+    }
+  }
+}
+
+function escape(value: string): string {
+  return value.replace(/\\/g, '\\\\').replace(/"/g, '\\"').replace(/\n/g, '\\n');
+}
+
+function labels(pairs: Record<string, string>): string {
+  const parts = Object.entries(pairs).map(([k, v]) => `${k}="${escape(v)}"`);
+  return parts.length === 0 ? '' : `{${parts.join(',')}}`;
+}
+
+/** A counter keyed by a label tuple joined with \t (label values never contain tabs here). */
+class LabeledCounter {
+  readonly values = new Map<string, number>();
+  constructor(readonly name: string, readonly help: string, readonly labelNames: string[]) {}
+
+  add(key: string, n = 1): void {
+    this.values.set(key, (this.values.get(key) ?? 0) + n);
+  }
+
+  render(out: string[]): void {
+    out.push(`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} counter`);
+    for (const [key, value] of this.values) out.push(`${this.name}${labelsOf(this.labelNames, key)} ${value}`);
+  }
+}
+
+function labelsOf(names: string[], key: string): string {
+  const values = key.split('\t');
+  return labels(Object.fromEntries(names.map((n, i) => [n, values[i] ?? ''])));
+}
+
+class LabeledHistogram {
+  readonly values = new Map<string, Histogram>();
+  constructor(readonly name: string, readonly help: string, readonly labelNames: string[]) {}
+
+  observe(key: string, seconds: number): void {
+    let h = this.values.get(key);
+    if (h === undefined) {
+      h = new Histogram();
+      this.values.set(key, h);
+    }
+    h.observe(seconds);
+  }
+
+  render(out: string[]): void {
+    out.push(`# HELP ${this.name} ${this.help}`, `# TYPE ${this.name} histogram`);
+    for (const [key, h] of this.values) {
+      const base = Object.fromEntries(this.labelNames.map((n, i) => [n, key.split('\t')[i] ?? '']));
+      let cumulative = 0;
+      for (let i = 0; i < DURATION_BUCKETS.length; i++) {
+        cumulative += h.counts[i]!;
+        out.push(`${this.name}_bucket${labels({ ...base, le: String(DURATION_BUCKETS[i]) })} ${cumulative}`);
+      }
+      out.push(`${this.name}_bucket${labels({ ...base, le: '+Inf' })} ${h.count}`);
+      out.push(`${this.name}_sum${labels(base)} ${h.sum}`);
+      out.push(`${this.name}_count${labels(base)} ${h.count}`);
+    }
+  }
+}
+
+export interface Gauges {
+  inFlight(): number;
+  limiterUp(): boolean;
+  ledgerUp(): boolean;
+  draining(): boolean;
+}
+
+/** Per-route request counts and latency: the hot path, so no string building per request. */
+interface RouteStats {
+  byStatus: Map<number, number>;
+  duration: Histogram;
+}
+
+export class Metrics {
+  private readonly routes = new Map<string, RouteStats>();
+  private readonly admissions = new LabeledCounter('mg_admissions_total', 'Limiter decisions: admitted, or the reason of a rejection.', ['result']);
+  private readonly upstreamDuration = new LabeledHistogram('mg_upstream_duration_seconds', 'Time to the provider\'s response headers, by provider.', ['provider']);
+  private readonly upstreamErrors = new LabeledCounter('mg_upstream_errors_total', 'Failed provider attempts, by provider and kind.', ['provider', 'kind']);
+  private readonly tokens = new LabeledCounter('mg_tokens_total', 'Tokens metered, by model and direction.', ['model', 'direction']);
+  private readonly spend = new LabeledCounter('mg_spend_usd_total', 'Money charged, by model (US dollars).', ['model']);
+  private readonly startS = Date.now() / 1000;
+
+  constructor(private readonly gauges: Gauges) {}
+
+  request(route: string, status: number, seconds: number): void {
+    let stats = this.routes.get(route);
+    if (stats === undefined) {
+      stats = { byStatus: new Map(), duration: new Histogram() };
+      this.routes.set(route, stats);
+    }
+    stats.byStatus.set(status, (stats.byStatus.get(status) ?? 0) + 1);
+    stats.duration.observe(seconds);
+  }
+
+  admission(result: string): void {
+    this.admissions.add(result);
+  }
+
+  upstream(provider: string, seconds: number): void {
+    this.upstreamDuration.observe(provider, seconds);
+  }
+
+  upstreamError(provider: string, kind: string): void {
+    this.upstreamErrors.add(`${provider}\t${kind}`);
+  }
+
+  charge(model: string, inputTokens: number, outputTokens: number, costMicro: number): void {
+    this.tokens.add(`${model}\tinput`, inputTokens);
+    this.tokens.add(`${model}\toutput`, outputTokens);
+    this.spend.add(model, costMicro / 1e6);
+  }
+
+  /** The Prometheus text exposition (version 0.0.4). */
+  render(): string {
+    const out: string[] = [];
+    const requests = new LabeledCounter('mg_requests_total', 'Requests answered, by route and status.', ['route', 'status']);
+    const duration = new LabeledHistogram('mg_request_duration_seconds', 'Time from request to the end of the answer, by route.', ['route']);
+    for (const [route, stats] of this.routes) {
+      for (const [status, n] of stats.byStatus) requests.add(`${route}\t${status}`, n);
+      duration.values.set(route, stats.duration);
+    }
+    requests.render(out);
+    duration.render(out);
+    this.admissions.render(out);
+    this.upstreamDuration.render(out);
+    this.upstreamErrors.render(out);
+    this.tokens.render(out);
+    this.spend.render(out);
+    const gauge = (name: string, help: string, value: number) => out.push(`# HELP ${name} ${help}`, `# TYPE ${name} gauge`, `${name} ${value}`);
+    gauge('mg_in_flight_requests', 'Model calls being answered now.', this.gauges.inFlight());
+    gauge('mg_limiter_up', '1 when the limiter store answers.', this.gauges.limiterUp() ? 1 : 0);
+    gauge('mg_ledger_up', '1 when the ledger can record.', this.gauges.ledgerUp() ? 1 : 0);
+    gauge('mg_draining', '1 while shutting down.', this.gauges.draining() ? 1 : 0);
+    gauge('process_resident_memory_bytes', 'Resident memory.', process.memoryUsage.rss());
+    gauge('process_start_time_seconds', 'Start time of the process (Unix seconds).', Math.floor(this.startS));
+    return `${out.join('\n')}\n`;
+  }
+}
