@@ -16,7 +16,9 @@ import { Metrics } from './metrics.js';
 import { createProviders } from './providers/index.js';
 import type { Provider } from './providers/types.js';
 import { Router } from './router.js';
+import { AdminStore, overlay, type AdminState } from './admin/state.js';
 import { registerAccountRoutes } from './routes/account.js';
+import { registerAdminRoutes } from './routes/admin.js';
 import { registerCompletionRoutes } from './routes/completions.js';
 import { registerModelRoutes } from './routes/models.js';
 import { registerProbeRoutes } from './routes/probes.js';
@@ -26,6 +28,9 @@ export interface GatewayOptions {
   logger?: Logger;
   limiter?: Limiter;
   ledger?: Ledger;
+  /** Enables /admin/v1/ with this key (plaintext; only its hash is kept) and keeps changes in `adminStore`. */
+  adminKey?: string;
+  adminStore?: AdminStore;
 }
 
 let entryCounter = 0;
@@ -46,6 +51,11 @@ export class Gateway {
   readonly metrics: Metrics;
   directory: Directory;
   providers: Map<string, Provider>;
+  /** The config as loaded from its file (or given); admin changes are laid over it. */
+  private fileConfig: GatewayConfig;
+  readonly admin: AdminStore;
+  private readonly adminKeyHash: string | null;
+  private adminQueue: Promise<unknown> = Promise.resolve();
   draining = false;
   /** Requests admitted and not yet finished (for the drain). */
   inFlight = 0;
@@ -57,13 +67,19 @@ export class Gateway {
     this.limiter = options.limiter ?? new MemoryLimiter(this.clock);
     this.ledger = options.ledger ?? new MemoryLedger();
     this.createdS = Math.floor(this.clock.now() / 1000);
+    this.fileConfig = config;
+    this.admin = options.adminStore ?? new AdminStore(null);
+    this.adminKeyHash = options.adminKey === undefined || options.adminKey === '' ? null : hash('sha256', options.adminKey);
     this.metrics = new Metrics({
       inFlight: () => this.inFlight, limiterUp: () => this.limiter.ready(), ledgerUp: () => this.ledger.ready(),
       draining: () => this.draining,
     });
-    this.directory = new Directory(config, this.createdS);
+    const effective = overlay(config, this.admin.state);
+    if ('errors' in effective) throw new Error(`admin changes do not fit the config: ${effective.errors.join('; ')}`);
+    this.directory = new Directory(effective.config, this.createdS);
     this.providers = createProviders(config);
     registerProbeRoutes(this.router);
+    if (this.adminKeyHash !== null) registerAdminRoutes(this.router);
     registerModelRoutes(this.router);
     registerAccountRoutes(this.router);
     registerCompletionRoutes(this.router);
@@ -75,11 +91,51 @@ export class Gateway {
     return this.directory.config;
   }
 
-  /** Swaps in a new config: limits apply to the next request; counters are kept (they are keyed by id). */
-  reload(config: GatewayConfig): void {
-    this.directory = new Directory(config, this.createdS);
+  /**
+   * Swaps in a new file config (admin changes stay laid over it): limits apply to the next
+   * request; counters are kept (they are keyed by id). Returns the problems instead when the
+   * admin changes do not fit the new file; the running config then stays.
+   */
+  reload(config: GatewayConfig): string[] {
+    const effective = overlay(config, this.admin.state);
+    if ('errors' in effective) return effective.errors;
+    this.fileConfig = config;
+    this.directory = new Directory(effective.config, this.createdS);
     this.providers = createProviders(config);
     this.creditNewAccounts();
+    return [];
+  }
+
+  /**
+   * Applies an admin change: validated against the file config, made durable, then live.
+   * Changes run one at a time. Resolves to the problems when the change does not fit.
+   */
+  changeAdmin(mutate: (state: AdminState) => void): Promise<string[]> {
+    const run = async (): Promise<string[]> => {
+      const next = structuredClone(this.admin.state);
+      mutate(next);
+      const effective = overlay(this.fileConfig, next);
+      if ('errors' in effective) return effective.errors;
+      const previous = this.admin.state;
+      this.admin.state = next;
+      try {
+        await this.admin.save();
+      } catch (err) {
+        this.admin.state = previous;
+        throw err;
+      }
+      this.directory = new Directory(effective.config, this.createdS);
+      this.creditNewAccounts();
+      return [];
+    };
+    const result = this.adminQueue.then(run, run);
+    this.adminQueue = result.catch(() => {});
+    return result;
+  }
+
+  /** Whether a presented key is the admin key (compared by hash). */
+  isAdminKey(key: string): boolean {
+    return this.adminKeyHash !== null && hash('sha256', key) === this.adminKeyHash;
   }
 
   ready(): { ready: true } | { ready: false; reason: string } {
@@ -99,7 +155,16 @@ export class Gateway {
     if (route.anthropic) ctx.anthropic = true;
     const handler = route.methods[ctx.method];
     if (handler === undefined) return sendError(ctx, res, 'method_not_allowed', this.done, {}, ['allow', route.allow]);
-    if (route.auth) {
+    if (route.admin) {
+      // Admin requests count toward no account's limits; an ordinary API key is 403.
+      if (ctx.apiKey === null) return sendError(ctx, res, 'invalid_api_key', this.done);
+      if (ctx.apiKey === '') return sendError(ctx, res, 'missing_api_key', this.done);
+      if (!this.isAdminKey(ctx.apiKey)) {
+        const ordinary = this.directory.keyByHash(hash('sha256', ctx.apiKey)) !== undefined;
+        return sendError(ctx, res, ordinary ? 'permission_denied' : 'invalid_api_key', this.done,
+          ordinary ? { message: 'Admin endpoints need the admin key.' } : {});
+      }
+    } else if (route.auth) {
       if (ctx.apiKey === null) {
         return sendError(ctx, res, 'invalid_api_key', this.done, { message: 'x-api-key and Authorization carry different keys.' });
       }
@@ -191,6 +256,13 @@ export class Gateway {
     return done;
   }
 
+  /** Records an entry and resolves to its id once it is durable. */
+  async recordDurably(entry: Omit<LedgerEntry, 'id'>): Promise<string> {
+    const id = newEntryId(entry.createdAt);
+    await this.ledger.append({ id, ...entry });
+    return id;
+  }
+
   /** A restart must not reset anyone's daily cap or balance: seed the limiter from the ledger. */
   private restoreFromLedger(): void {
     for (const [accountId, totals] of this.ledger.totals()) {
@@ -208,7 +280,7 @@ export class Gateway {
 
   private creditOnce(account: AccountEntry): void {
     const write = (balance: number | null) => {
-      if (balance === null) return;
+      if (balance === null || account.initialCreditMicro === 0) return;
       void this.record({
         type: 'credit', accountId: account.id, keyId: null, amountMicro: account.initialCreditMicro, balanceAfterMicro: balance,
         createdAt: this.clock.now(), requestId: null, model: null, inputTokens: 0, outputTokens: 0, estimated: false,

@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 import { hash, randomBytes } from 'node:crypto';
-import { resolve } from 'node:path';
+import { join, resolve } from 'node:path';
+import { AdminStore } from './admin/state.js';
 import { DEMO_KEY, demoConfig } from './config/demo.js';
 import { loadConfigFile } from './config/load.js';
 import type { GatewayConfig } from './config/types.js';
@@ -97,7 +98,18 @@ async function start(options: StartOptions): Promise<void> {
     // Start even if Redis is away (not ready, fail-closed); it is picked up when it answers.
     await (limiter as RedisLimiter).whenReady(3000).catch(() => logger.warn('redis is not reachable yet; requests get 503 until it is'));
   }
-  const gateway = new Gateway(config, { logger, ledger, ...(limiter === undefined ? {} : { limiter }) });
+  const adminKey = process.env.MODEL_GATEWAY_ADMIN_KEY;
+  // Admin changes are kept beside the ledger's journal (in memory only with the memory ledger).
+  const adminStore = new AdminStore(config.ledger.store === 'file' ? join(config.ledger.dir, 'admin-state.json') : null);
+  let gateway: Gateway;
+  try {
+    gateway = new Gateway(config, {
+      logger, ledger, adminStore, ...(limiter === undefined ? {} : { limiter }), ...(adminKey ? { adminKey } : {}),
+    });
+  } catch (err) {
+    fail((err as Error).message);
+  }
+  if (adminKey) logger.info('admin API enabled', { path: '/admin/v1/', durable: adminStore.path !== null });
   const server = createGatewayServer(gateway);
   let url: string;
   try {
@@ -115,7 +127,8 @@ async function start(options: StartOptions): Promise<void> {
     if (!next.ok) return logger.error('config reload rejected; keeping the running config', { problems: next.errors });
     const restartOnly = (['server', 'limiter', 'ledger'] as const)
       .filter((section) => JSON.stringify(next.config[section]) !== JSON.stringify(gateway.config[section]));
-    gateway.reload(next.config);
+    const problems = gateway.reload(next.config);
+    if (problems.length > 0) return logger.error('config reload rejected: admin changes do not fit it; keeping the running config', { problems });
     logger.info('config reloaded', { config: resolve(file) });
     if (restartOnly.length > 0) logger.warn('changes to these sections apply only after a restart', { sections: restartOnly });
   });

@@ -8,6 +8,8 @@ export interface Route<G> {
   readonly label: string;
   /** Whether the route needs an API key (everything under /v1/). */
   readonly auth: boolean;
+  /** Whether the route needs the admin key. */
+  readonly admin: boolean;
   /** Answers also carry `request-id` (Anthropic's header). */
   readonly anthropic: boolean;
   readonly methods: Readonly<Record<string, Handler<G>>>;
@@ -17,6 +19,7 @@ export interface Route<G> {
 
 export interface RouteSpec<G> {
   auth?: boolean;
+  admin?: boolean;
   anthropic?: boolean;
   methods: Record<string, Handler<G>>;
 }
@@ -65,9 +68,9 @@ export class Router<G> {
 
 function build<G>(label: string, spec: RouteSpec<G>): Route<G> {
   const methods = Object.assign(Object.create(null) as Record<string, Handler<G>>, spec.methods);
-  if (methods.GET !== undefined && methods.HEAD === undefined && !spec.auth) methods.HEAD = methods.GET;
+  if (methods.GET !== undefined && methods.HEAD === undefined && !spec.auth && !spec.admin) methods.HEAD = methods.GET;
   for (const method of Object.keys(methods)) {
     if (!/^[A-Z]+$/.test(method)) throw new Error(`bad method ${method}`);
   }
-  return { label, auth: spec.auth ?? false, anthropic: spec.anthropic ?? false, methods, allow: Object.keys(methods).join(', ') };
+  return { label, auth: spec.auth ?? false, admin: spec.admin ?? false, anthropic: spec.anthropic ?? false, methods, allow: Object.keys(methods).join(', ') };
 }

@@ -105,7 +105,8 @@ export function registerAccountRoutes(router: Router<Gateway>): void {
   });
 }
 
-function historyItem(e: LedgerEntry) {
+/** A ledger entry as billing history shows it. */
+export function historyItem(e: LedgerEntry) {
   const item: Record<string, unknown> = {
     id: e.id, type: e.type, amount: microToUsd(e.amountMicro),
     balance_after: e.balanceAfterMicro === null ? null : microToUsd(e.balanceAfterMicro),

@@ -1,5 +1,6 @@
 import { hash } from 'node:crypto';
 import type { Server } from 'node:http';
+import type { AdminStore } from '../../src/admin/state.js';
 import type { Clock } from '../../src/clock.js';
 import { validateConfig } from '../../src/config/validate.js';
 import { Gateway } from '../../src/gateway.js';
@@ -53,7 +54,7 @@ export interface Running {
 /** Starts a real gateway on port 0 in this process. */
 export async function startGateway(
   raw: Record<string, unknown> = testConfig(),
-  options: { clock?: Clock; env?: Record<string, string>; ledger?: Ledger } = {},
+  options: { clock?: Clock; env?: Record<string, string>; ledger?: Ledger; adminKey?: string; adminStore?: AdminStore } = {},
 ): Promise<Running> {
   const clock = options.clock;
   const result = validateConfig(raw, { baseDir: process.cwd(), env: options.env ?? {} });
@@ -62,6 +63,8 @@ export async function startGateway(
   const logger = new Logger((text) => logs.push(text));
   const gateway = new Gateway(result.config, {
     logger, ...(clock === undefined ? {} : { clock }), ...(options.ledger === undefined ? {} : { ledger: options.ledger }),
+    ...(options.adminKey === undefined ? {} : { adminKey: options.adminKey }),
+    ...(options.adminStore === undefined ? {} : { adminStore: options.adminStore }),
   });
   const server = createGatewayServer(gateway);
   const url = await listen(server, 0, '127.0.0.1');

@@ -1,0 +1,232 @@
+import { hash, randomBytes } from 'node:crypto';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { AccountConfig, Limit, PlanConfig } from '../config/types.js';
+import { GatewayError } from '../errors.js';
+import type { Gateway } from '../gateway.js';
+import { readBody } from '../http/body.js';
+import type { RequestContext } from '../http/context.js';
+import { sendError, sendJson } from '../http/reply.js';
+import { microToUsd, parseUsd } from '../money.js';
+import type { Router } from '../router.js';
+import { historyItem } from './account.js';
+
+type Body = Record<string, unknown>;
+const ID = /^[A-Za-z0-9._:@/-]{1,128}$/;
+
+function bad(param: string, message: string): GatewayError {
+  return new GatewayError('invalid_request', { message, fields: { param } });
+}
+
+/** Reads a JSON object body with only `allowed` fields, then runs `then`; every failure is answered. */
+function withBody(gw: Gateway, ctx: RequestContext, req: IncomingMessage, res: ServerResponse, allowed: string[],
+  then: (body: Body) => Promise<void> | void): void {
+  readBody(req, gw.config.server.maxBodyBytes).then(async (result) => {
+    try {
+      if (!result.ok) {
+        if (result.reason === 'aborted') return;
+        ctx.closeConnection = true;
+        return sendError(ctx, res, 'payload_too_large', gw.done);
+      }
+      let body: unknown;
+      try {
+        body = result.body.length === 0 ? {} : JSON.parse(result.body.toString('utf8'));
+      } catch {
+        return sendError(ctx, res, 'invalid_json', gw.done);
+      }
+      if (body === null || typeof body !== 'object' || Array.isArray(body)) throw bad('', 'The body must be a JSON object.');
+      for (const field of Object.keys(body)) {
+        if (!allowed.includes(field)) throw bad(field, `Unknown field "${field}" (allowed: ${allowed.join(', ')}).`);
+      }
+      await then(body as Body);
+    } catch (err) {
+      gw.fault(ctx, res, err);
+    }
+  });
+}
+
+function limitField(body: Body, name: string): Limit | undefined {
+  const v = body[name];
+  if (v === undefined) return undefined;
+  if (v === null || v === 'unlimited') return null;
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) throw bad(name, `"${name}" must be a non-negative integer or "unlimited".`);
+  return v;
+}
+
+function capField(body: Body, name: string): Limit | undefined {
+  const v = body[name];
+  if (v === undefined) return undefined;
+  if (v === null || v === 'unlimited') return null;
+  const micro = parseUsd(v);
+  if (typeof micro === 'string' || micro < 0) throw bad(name, `"${name}" must be a non-negative amount of US dollars or "unlimited".`);
+  return micro;
+}
+
+function modelsField(gw: Gateway, body: Body): string[] | null | undefined {
+  const v = body.models;
+  if (v === undefined) return undefined;
+  if (v === null) return null;
+  if (!Array.isArray(v) || v.some((m) => typeof m !== 'string')) throw bad('models', '"models" must be an array of model ids, or null for all.');
+  for (const m of v as string[]) if (!gw.config.models.has(m)) throw bad('models', `Unknown model "${m}".`);
+  return v as string[];
+}
+
+/** Answers 400 with the first problem when a change does not fit the config. */
+function rejectChange(problems: string[], param: string): GatewayError {
+  return bad(param, `The change does not fit the configuration: ${problems.join('; ')}`);
+}
+
+const usdOrUnlimited = (v: Limit | undefined) => (v === undefined ? null : v === null ? 'unlimited' : microToUsd(v));
+const limitOrUnlimited = (v: Limit | undefined) => (v === undefined ? null : v === null ? 'unlimited' : v);
+
+function keyObject(gw: Gateway, id: string) {
+  const k = gw.config.keys.get(id)!;
+  const created = gw.admin.state.keys[id]?.createdAt;
+  return {
+    id, account: k.account, models: k.models, rpm: k.rpm, concurrency: k.concurrency, disabled: k.disabled,
+    created_at: created === undefined ? null : new Date(created).toISOString(),
+  };
+}
+
+function planObject(p: PlanConfig) {
+  return { name: p.name, rpm: p.rpm, concurrency: p.concurrency, dailyCapUsd: p.dailyCapMicro === null ? null : microToUsd(p.dailyCapMicro) };
+}
+
+function sendAccount(gw: Gateway, ctx: RequestContext, res: ServerResponse, id: string): void {
+  const a = gw.config.accounts.get(id)!;
+  const entry = gw.directory.accounts.get(id)!;
+  gw.decide(ctx, res, gw.limiter.snapshot(entry), (snap) => sendJson(ctx, res, 200, JSON.stringify({
+    id, plan: a.plan, rpm: limitOrUnlimited(a.rpm), concurrency: limitOrUnlimited(a.concurrency), dailyCapUsd: usdOrUnlimited(a.dailyCapMicro),
+    prepaid: a.balanceMicro !== null, balance: snap.balanceMicro === null ? null : microToUsd(snap.balanceMicro),
+    daily_spend: microToUsd(snap.spentTodayMicro), in_flight: snap.inFlight,
+  }), gw.done));
+}
+
+export function registerAdminRoutes(router: Router<Gateway>): void {
+  router.add('/admin/v1/keys', {
+    admin: true,
+    methods: {
+      GET: (gw, ctx, _req, res) => {
+        const data = [...gw.config.keys.keys()].sort().map((id) => keyObject(gw, id));
+        sendJson(ctx, res, 200, JSON.stringify({ object: 'list', data }), gw.done);
+      },
+      POST: (gw, ctx, req, res) => withBody(gw, ctx, req, res, ['account', 'id', 'models', 'rpm', 'concurrency'], async (body) => {
+        if (typeof body.account !== 'string' || !gw.config.accounts.has(body.account)) throw bad('account', '"account" must name an existing account.');
+        const id = body.id === undefined ? `key_${randomBytes(6).toString('hex')}` : body.id;
+        if (typeof id !== 'string' || !ID.test(id)) throw bad('id', '"id" must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / -');
+        if (gw.config.keys.has(id) || gw.admin.state.deletedKeys.includes(id)) throw bad('id', `A key "${id}" exists already.`);
+        const plaintext = `sk-mg-${randomBytes(24).toString('base64url')}`;
+        const models = modelsField(gw, body) ?? null;
+        const rpm = limitField(body, 'rpm') ?? null;
+        const concurrency = limitField(body, 'concurrency') ?? null;
+        const problems = await gw.changeAdmin((s) => {
+          s.keys[id] = {
+            id, account: body.account as string, sha256: hash('sha256', plaintext), models, rpm, concurrency, disabled: false, createdAt: Date.now(),
+          };
+        });
+        if (problems.length > 0) throw rejectChange(problems, 'id');
+        sendJson(ctx, res, 201, JSON.stringify({ ...keyObject(gw, id), key: plaintext }), gw.done);
+      }),
+    },
+  });
+
+  router.add('/admin/v1/keys/*', {
+    admin: true,
+    methods: {
+      PATCH: (gw, ctx, req, res) => withBody(gw, ctx, req, res, ['disabled', 'models', 'rpm', 'concurrency'], async (body) => {
+        const id = ctx.param;
+        if (!gw.config.keys.has(id)) return sendError(ctx, res, 'not_found', gw.done, { message: `No key "${id}".` });
+        if (body.disabled !== undefined && typeof body.disabled !== 'boolean') throw bad('disabled', '"disabled" must be true or false.');
+        const patch = {
+          ...(body.disabled !== undefined ? { disabled: body.disabled as boolean } : {}),
+          ...(body.models !== undefined ? { models: modelsField(gw, body)! } : {}),
+          ...(body.rpm !== undefined ? { rpm: limitField(body, 'rpm')! } : {}),
+          ...(body.concurrency !== undefined ? { concurrency: limitField(body, 'concurrency')! } : {}),
+        };
+        const problems = await gw.changeAdmin((s) => {
+          if (s.keys[id] !== undefined) Object.assign(s.keys[id]!, patch);
+          else s.keyPatches[id] = { ...(s.keyPatches[id] ?? {}), ...patch };
+        });
+        if (problems.length > 0) throw rejectChange(problems, 'models');
+        sendJson(ctx, res, 200, JSON.stringify(keyObject(gw, id)), gw.done);
+      }),
+      DELETE: (gw, ctx, _req, res) => {
+        const id = ctx.param;
+        if (!gw.config.keys.has(id)) return sendError(ctx, res, 'not_found', gw.done, { message: `No key "${id}".` });
+        gw.changeAdmin((s) => {
+          if (s.keys[id] !== undefined) delete s.keys[id];
+          else s.deletedKeys.push(id);
+          delete s.keyPatches[id];
+        }).then(() => {
+          ctx.status = 204;
+          res.writeHead(204, ['x-request-id', ctx.id]);
+          res.end();
+          gw.done(ctx);
+        }, (err: unknown) => gw.fault(ctx, res, err));
+      },
+    },
+  });
+
+  router.add('/admin/v1/plans/*', {
+    admin: true,
+    methods: {
+      PUT: (gw, ctx, req, res) => withBody(gw, ctx, req, res, ['rpm', 'concurrency', 'dailyCapUsd'], async (body) => {
+        const name = ctx.param;
+        if (!ID.test(name)) throw bad('name', 'A plan name must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / -');
+        if (body.rpm === undefined) throw bad('rpm', '"rpm" is required.');
+        if (body.concurrency === undefined) throw bad('concurrency', '"concurrency" is required.');
+        const plan: PlanConfig = {
+          name, rpm: limitField(body, 'rpm')!, concurrency: limitField(body, 'concurrency')!, dailyCapMicro: capField(body, 'dailyCapUsd') ?? null,
+        };
+        const problems = await gw.changeAdmin((s) => { s.plans[name] = plan; });
+        if (problems.length > 0) throw rejectChange(problems, 'name');
+        sendJson(ctx, res, 200, JSON.stringify(planObject(gw.config.plans.get(name)!)), gw.done);
+      }),
+    },
+  });
+
+  router.add('/admin/v1/accounts/*', {
+    admin: true,
+    methods: {
+      GET: (gw, ctx, _req, res) => {
+        if (!gw.config.accounts.has(ctx.param)) return sendError(ctx, res, 'not_found', gw.done, { message: `No account "${ctx.param}".` });
+        sendAccount(gw, ctx, res, ctx.param);
+      },
+      PUT: (gw, ctx, req, res) => withBody(gw, ctx, req, res, ['plan', 'rpm', 'concurrency', 'dailyCapUsd', 'prepaid'], async (body) => {
+        const id = ctx.param;
+        if (!ID.test(id)) throw bad('id', 'An account id must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / -');
+        if (typeof body.plan !== 'string' || !gw.config.plans.has(body.plan)) throw bad('plan', '"plan" must name an existing plan.');
+        if (body.prepaid !== undefined && typeof body.prepaid !== 'boolean') throw bad('prepaid', '"prepaid" must be true or false.');
+        const existing = gw.config.accounts.get(id);
+        const account: AccountConfig = {
+          id, plan: body.plan, rpm: limitField(body, 'rpm'), concurrency: limitField(body, 'concurrency'),
+          dailyCapMicro: capField(body, 'dailyCapUsd'),
+          // Whether an account is prepaid (and its one-time credit) is kept; a new one starts at 0.
+          balanceMicro: existing !== undefined ? existing.balanceMicro : body.prepaid === true ? 0 : null,
+        };
+        const problems = await gw.changeAdmin((s) => { s.accounts[id] = account; });
+        if (problems.length > 0) throw rejectChange(problems, 'plan');
+        sendAccount(gw, ctx, res, id);
+      }),
+      POST: (gw, ctx, req, res) => {
+        const match = /^(.+)\/credits$/.exec(ctx.param);
+        if (match === null) return sendError(ctx, res, 'not_found', gw.done);
+        const id = match[1]!;
+        if (!gw.config.accounts.has(id)) return sendError(ctx, res, 'not_found', gw.done, { message: `No account "${id}".` });
+        withBody(gw, ctx, req, res, ['amountUsd', 'note'], async (body) => {
+          const account = gw.directory.accounts.get(id)!;
+          if (!account.prepaid) throw bad('account', 'Credits apply to prepaid accounts only.');
+          const amount = parseUsd(body.amountUsd);
+          if (typeof amount === 'string' || amount <= 0) throw bad('amountUsd', '"amountUsd" must be an amount above 0.');
+          if (body.note !== undefined && typeof body.note !== 'string') throw bad('note', '"note" must be a string.');
+          const balance = await gw.limiter.credit(id, amount);
+          const entry = {
+            type: 'credit' as const, accountId: id, keyId: null, amountMicro: amount, balanceAfterMicro: balance, createdAt: gw.clock.now(),
+            requestId: ctx.id, model: null, inputTokens: 0, outputTokens: 0, estimated: false, note: (body.note as string | undefined) ?? null,
+          };
+          const id_ = await gw.recordDurably(entry);
+          sendJson(ctx, res, 201, JSON.stringify({ ...historyItem({ ...entry, id: id_ }), note: entry.note }), gw.done);
+        });
+      },
+    },
+  });
+}
