@@ -76,7 +76,7 @@ async function start(options: StartOptions): Promise<void> {
   const envPort = process.env.PORT;
   const port = options.port ?? (envPort !== undefined && envPort !== '' ? parsePort(envPort, 'PORT') : config.server.port);
 
-  const logger = new Logger();
+  const logger = new Logger(undefined, config.server.logLevel);
   process.stdout.on('error', () => {}); // a closed stdout (EPIPE) must not crash the gateway
   if (result.ok) for (const warning of result.warnings) logger.warn(warning);
   let ledger: Ledger;

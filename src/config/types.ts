@@ -11,6 +11,8 @@ export interface ServerConfig {
   drainDelayMs: number;
   drainTimeoutMs: number;
   metrics: boolean;
+  /** Log level: 'debug', 'info' (access log on), 'warn' (access log off) or 'error'. */
+  logLevel: 'debug' | 'info' | 'warn' | 'error';
 }
 
 export type LimiterConfig =

@@ -21,7 +21,7 @@ type Obj = Record<string, unknown>;
 
 const SERVER_DEFAULTS: ServerConfig = {
   host: '127.0.0.1', port: 8080, maxBodyBytes: 4_194_304, requestTimeoutMs: 30_000,
-  drainDelayMs: 0, drainTimeoutMs: 30_000, metrics: true,
+  drainDelayMs: 0, drainTimeoutMs: 30_000, metrics: true, logLevel: 'info',
 };
 
 const DEFAULT_BASE_URL: Record<Protocol, string> = {
@@ -168,7 +168,15 @@ function checkServer(c: Checker, value: unknown): ServerConfig {
     drainDelayMs: c.int('server.drainDelayMs', o.drainDelayMs, 0, 3_600_000, d.drainDelayMs),
     drainTimeoutMs: c.int('server.drainTimeoutMs', o.drainTimeoutMs, 0, 3_600_000, d.drainTimeoutMs),
     metrics: c.bool('server.metrics', o.metrics, d.metrics),
+    logLevel: checkLevel(c, o.logLevel),
   };
+}
+
+function checkLevel(c: Checker, value: unknown): ServerConfig['logLevel'] {
+  if (value === undefined) return 'info';
+  if (value === 'debug' || value === 'info' || value === 'warn' || value === 'error') return value;
+  c.fail('server.logLevel', 'must be "debug", "info", "warn" or "error"');
+  return 'info';
 }
 
 function checkLimiter(c: Checker, value: unknown): LimiterConfig {

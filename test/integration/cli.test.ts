@@ -167,3 +167,39 @@ describe('CLI', () => {
     assert.match(gw.stdout(), /"msg":"stopped"/);
   });
 });
+
+describe('secrets never reach the logs or the data directory', () => {
+  test('a full session of requests: no key, key hash or admin key in stdout, stderr or files', async () => {
+    const { readdirSync, readFileSync } = await import('node:fs');
+    const dataDir = join(dir, 'secrets-data');
+    const file = writeConfig('secrets.json', testConfig({ ledger: { store: 'file', dir: dataDir } }));
+    const admin = 'admin-key-do-not-log-7f3a';
+    const gw = await startCli(['--config', file, '--port', '0'], { MODEL_GATEWAY_ADMIN_KEY: admin });
+    const keys = ['sk-alice', 'sk-bob', 'sk-off', 'sk-alice-narrow', 'sk-unknown-key-xyz', admin];
+    try {
+      const call = (key: string, path: string, init: RequestInit = {}) =>
+        fetch(`${gw.url}${path}`, { ...init, headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' } }).then((r) => r.text());
+      const created = JSON.parse(await call(admin, '/admin/v1/keys', { method: 'POST', body: JSON.stringify({ account: 'acct_bob' }) })) as { key: string };
+      keys.push(created.key);
+      for (const key of keys) {
+        await call(key, '/v1/models');
+        await call(key, '/v1/chat/completions', { method: 'POST', body: JSON.stringify({ model: 'paid-1', messages: [{ role: 'user', content: key }] }) });
+        await call(key, '/v1/chat/completions', { method: 'POST', body: '{broken' });
+        await call(key, '/admin/v1/keys');
+      }
+      await fetch(`${gw.url}/v1/models`, { headers: { 'x-api-key': 'sk-alice', authorization: 'Bearer sk-bob' } }).then((r) => r.text());
+    } finally {
+      gw.child.kill('SIGTERM');
+      await gw.exited;
+    }
+    const read = (f: string) => readFileSync(join(dataDir, f), 'utf8');
+    // admin-state.json holds the hashes of admin-created keys (like a config file): never a plaintext key.
+    const journal = readdirSync(dataDir).filter((f) => f !== 'admin-state.json').map(read).join('\n');
+    const logs = `${gw.stdout()}\n${gw.stderr()}\n${journal}`;
+    assert.match(gw.stdout(), /"msg":"request"/);
+    for (const key of keys) {
+      assert.ok(!`${logs}\n${read('admin-state.json')}`.includes(key), `a key leaked: ${key.slice(0, 6)}...`);
+      assert.ok(!logs.includes(hash('sha256', key)), `the hash of a key leaked: ${key.slice(0, 6)}...`);
+    }
+  });
+});
