@@ -1,19 +1,13 @@
 #!/usr/bin/env node
 import { hash, randomBytes } from 'node:crypto';
-import { join, resolve } from 'node:path';
-import { AdminStore } from './admin/state.js';
+import { resolve } from 'node:path';
 import { DEMO_KEY, demoConfig } from './config/demo.js';
 import { loadConfigFile } from './config/load.js';
 import type { GatewayConfig } from './config/types.js';
 import { validateConfig, type ValidateResult } from './config/validate.js';
-import { Gateway } from './gateway.js';
-import { FileLedger } from './ledger/file.js';
-import { MemoryLedger } from './ledger/memory.js';
-import type { Ledger } from './ledger/types.js';
-import { RedisLimiter } from './limiter/redis.js';
-import type { Limiter } from './limiter/types.js';
+import { startGateway, type EmbeddedGateway } from './create.js';
+import { LedgerCorruptError } from './ledger/file.js';
 import { Logger } from './log.js';
-import { createGatewayServer, listen } from './server.js';
 
 const USAGE = `Usage:
   model-gateway [--config FILE] [--host HOST] [--port PORT]   start the gateway (no config: the demo)
@@ -79,41 +73,19 @@ async function start(options: StartOptions): Promise<void> {
   const logger = new Logger(undefined, config.server.logLevel);
   process.stdout.on('error', () => {}); // a closed stdout (EPIPE) must not crash the gateway
   if (result.ok) for (const warning of result.warnings) logger.warn(warning);
-  let ledger: Ledger;
-  if (config.ledger.store === 'file') {
-    try {
-      ledger = await FileLedger.open(config.ledger.dir, { logger });
-    } catch (err) {
-      logger.flush();
-      fail(`ledger.dir ${config.ledger.dir}: ${(err as Error).message}`);
-    }
-  } else ledger = new MemoryLedger();
-  let limiter: Limiter | undefined;
-  if (config.limiter.store === 'redis') {
-    try {
-      limiter = new RedisLimiter({ ...config.limiter, logger });
-    } catch (err) {
-      fail(`limiter.store: ${(err as Error).message}`);
-    }
-    // Start even if Redis is away (not ready, fail-closed); it is picked up when it answers.
-    await (limiter as RedisLimiter).whenReady(3000).catch(() => logger.warn('redis is not reachable yet; requests get 503 until it is'));
-  }
   const adminKey = process.env.MODEL_GATEWAY_ADMIN_KEY;
-  // Admin changes are kept beside the ledger's journal (in memory only with the memory ledger).
-  const adminStore = new AdminStore(config.ledger.store === 'file' ? join(config.ledger.dir, 'admin-state.json') : null);
-  let gateway: Gateway;
+  let embedded: EmbeddedGateway;
   try {
-    gateway = new Gateway(config, {
-      logger, ledger, adminStore, ...(limiter === undefined ? {} : { limiter }), ...(adminKey ? { adminKey } : {}),
-    });
+    embedded = await startGateway(config, { logger, ...(adminKey ? { adminKey } : {}) });
   } catch (err) {
-    fail((err as Error).message);
+    logger.flush();
+    fail(err instanceof LedgerCorruptError ? `ledger.dir: ${err.message}` : (err as Error).message);
   }
-  if (adminKey) logger.info('admin API enabled', { path: '/admin/v1/', durable: adminStore.path !== null });
-  const server = createGatewayServer(gateway);
+  const gateway = embedded.gateway;
+  if (adminKey) logger.info('admin API enabled', { path: '/admin/v1/', durable: gateway.admin.path !== null });
   let url: string;
   try {
-    url = await listen(server, port, host);
+    url = await embedded.listen(port, host);
   } catch (err) {
     fail(`cannot listen on ${host}:${port}: ${(err as Error).message}`);
   }
@@ -136,25 +108,17 @@ async function start(options: StartOptions): Promise<void> {
   const drain = (signal: string) => {
     if (stopping) return;
     stopping = true;
-    gateway.draining = true;
     const { drainDelayMs, drainTimeoutMs } = gateway.config.server;
     logger.info('draining', { signal, drain_delay_ms: drainDelayMs, drain_timeout_ms: drainTimeoutMs });
-    setTimeout(() => {
-      const forced = setTimeout(() => {
-        logger.warn('drain timeout: closing remaining connections', { in_flight: gateway.inFlight });
-        server.closeAllConnections();
-      }, drainTimeoutMs);
-      forced.unref();
-      server.close(async () => {
-        clearTimeout(forced);
-        await gateway.ledger.close();
-        await gateway.limiter.close();
-        logger.info('stopped');
-        logger.flush();
-        process.exit(0);
-      });
-      server.closeIdleConnections();
-    }, drainDelayMs);
+    embedded.close().then(() => {
+      logger.info('stopped');
+      logger.flush();
+      process.exit(0);
+    }, (err: unknown) => {
+      logger.error('error while stopping', { error: String(err) });
+      logger.flush();
+      process.exit(1);
+    });
   };
   process.on('SIGTERM', () => drain('SIGTERM'));
   process.on('SIGINT', () => drain('SIGINT'));

@@ -1,0 +1,151 @@
+import type { IncomingMessage, Server, ServerResponse } from 'node:http';
+import { join } from 'node:path';
+import { AdminStore } from './admin/state.js';
+import type { Clock } from './clock.js';
+import type { GatewayConfig } from './config/types.js';
+import { validateConfig } from './config/validate.js';
+import { Gateway } from './gateway.js';
+import { FileLedger } from './ledger/file.js';
+import { MemoryLedger } from './ledger/memory.js';
+import type { Ledger } from './ledger/types.js';
+import { RedisLimiter } from './limiter/redis.js';
+import type { Limiter } from './limiter/types.js';
+import { Logger } from './log.js';
+import { createGatewayServer, listen } from './server.js';
+
+/** A config that does not validate: every problem, named by its JSON path. */
+export class ConfigError extends Error {
+  constructor(readonly problems: string[]) {
+    super(`invalid config:\n${problems.map((p) => `  ${p}`).join('\n')}`);
+    this.name = 'ConfigError';
+  }
+}
+
+export interface CreateOptions {
+  /** Folder that relative paths in the config (ledger.dir) resolve against; default: the working directory. */
+  baseDir?: string;
+  /** Where `apiKeyEnv` names are read; default: process.env. */
+  env?: Record<string, string | undefined>;
+  /** Default: JSON lines on stdout at the config's `server.logLevel`. */
+  logger?: Logger;
+  /** Enables /admin/v1/ with this key. */
+  adminKey?: string;
+  /** For tests: the limiter's time source (memory store only). */
+  clock?: Clock;
+}
+
+export interface Health {
+  live: true;
+  ready: boolean;
+  /** Why not ready: 'draining', 'limiter_unavailable' or 'ledger_unavailable'; null when ready. */
+  reason: string | null;
+}
+
+/** A running gateway: a request handler for any node:http server, or its own listener. */
+export interface EmbeddedGateway {
+  readonly gateway: Gateway;
+  /** The node:http request listener (mount it under a prefix by rewriting `req.url` first). */
+  readonly handler: (req: IncomingMessage, res: ServerResponse) => void;
+  /** Starts its own server; resolves with the base URL. */
+  listen(port?: number, host?: string): Promise<string>;
+  /** Swaps in a new config (validated exactly as a file is); resolves to [] or the problems. */
+  reload(config: unknown): string[];
+  health(): Health;
+  /**
+   * Graceful stop: not ready at once; its own listener (if any) keeps accepting for
+   * `server.drainDelayMs`, then closes; in-flight requests get `server.drainTimeoutMs`; stores
+   * are flushed and closed.
+   */
+  close(): Promise<void>;
+}
+
+/**
+ * Builds a gateway from a config object, validated exactly as a config file is (throws
+ * ConfigError listing every problem). Opens the ledger and the limiter store the config names.
+ */
+export async function createGateway(config: unknown, options: CreateOptions = {}): Promise<EmbeddedGateway> {
+  const env = options.env ?? process.env;
+  const baseDir = options.baseDir ?? process.cwd();
+  const result = validateConfig(config, { baseDir, env });
+  if (!result.ok) throw new ConfigError(result.errors);
+  const logger = options.logger ?? new Logger(undefined, result.config.server.logLevel);
+  for (const warning of result.warnings) logger.warn(warning);
+  return startGateway(result.config, { ...options, logger }, (next) => {
+    const r = validateConfig(next, { baseDir, env });
+    return r.ok ? r.config : new ConfigError(r.errors);
+  });
+}
+
+/** The same from an already validated config (the CLI's path). */
+export async function startGateway(
+  config: GatewayConfig, options: CreateOptions & { logger: Logger },
+  validate: (raw: unknown) => GatewayConfig | ConfigError = (raw) => raw as GatewayConfig,
+): Promise<EmbeddedGateway> {
+  const { logger } = options;
+  const ledger: Ledger = config.ledger.store === 'file' ? await FileLedger.open(config.ledger.dir, { logger }) : new MemoryLedger();
+  let limiter: Limiter | undefined;
+  if (config.limiter.store === 'redis') {
+    const redis = new RedisLimiter({ ...config.limiter, logger });
+    // Start even if Redis is away (not ready, fail-closed); it is picked up when it answers.
+    await redis.whenReady(3000).catch(() => logger.warn('redis is not reachable yet; requests get 503 until it is'));
+    limiter = redis;
+  }
+  // Admin changes are kept beside the ledger's journal (in memory only with the memory ledger).
+  const adminStore = new AdminStore(config.ledger.store === 'file' ? join(config.ledger.dir, 'admin-state.json') : null);
+  const gateway = new Gateway(config, {
+    logger, ledger, adminStore,
+    ...(limiter === undefined ? {} : { limiter }),
+    ...(options.adminKey ? { adminKey: options.adminKey } : {}),
+    ...(options.clock === undefined ? {} : { clock: options.clock }),
+  });
+  let server: Server | null = null;
+  let closing: Promise<void> | null = null;
+
+  const close = async (): Promise<void> => {
+    gateway.draining = true;
+    const { drainDelayMs, drainTimeoutMs } = gateway.config.server;
+    if (server !== null) {
+      const s = server;
+      await new Promise((r) => setTimeout(r, drainDelayMs));
+      const forced = setTimeout(() => {
+        logger.warn('drain timeout: closing remaining connections', { in_flight: gateway.inFlight });
+        s.closeAllConnections();
+      }, drainTimeoutMs);
+      forced.unref();
+      await new Promise<void>((resolve) => {
+        s.close(() => resolve());
+        s.closeIdleConnections();
+      });
+      clearTimeout(forced);
+    } else {
+      const until = Date.now() + drainTimeoutMs;
+      while (gateway.inFlight > 0 && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+    }
+    await gateway.ledger.close();
+    await gateway.limiter.close();
+    logger.flush();
+  };
+
+  return {
+    gateway,
+    handler: gateway.handle,
+    async listen(port = config.server.port, host = config.server.host) {
+      if (server !== null) throw new Error('already listening');
+      server = createGatewayServer(gateway);
+      return listen(server, port, host);
+    },
+    reload(next) {
+      const validated = validate(next);
+      if (validated instanceof ConfigError) return validated.problems;
+      return gateway.reload(validated);
+    },
+    health() {
+      const state = gateway.ready();
+      return { live: true, ready: state.ready, reason: state.ready ? null : state.reason };
+    },
+    close() {
+      closing ??= close();
+      return closing;
+    },
+  };
+}
