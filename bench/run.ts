@@ -1,0 +1,356 @@
+/**
+ * The benchmark runner: `GET /v1/models` on the gateway against a bare node:http baseline.
+ *
+ *   npm run bench -- [--rounds 5] [--duration 5] [--connections 32] [--warmup 3] [--rpm 2000000] [--nolog]
+ *   (or, after `npm run build`: node --import tsx bench/run.ts [flags])
+ *
+ * Starts three servers, each in its own child process, on 127.0.0.1:
+ *   baseline           bench/baseline.ts
+ *   gateway            dist/main.js, the plan with a finite RPM (a real sliding window, never hit)
+ *   gateway-unlimited  dist/main.js, the plan without an RPM limit
+ *   gateway-nolog      only with --nolog: the gateway with its access log off (bench/gateway-nolog.ts)
+ * and loads them one at a time from this process (bench/load.ts): a warmup of each, then
+ * `rounds` rounds of every target for `duration` seconds, the order rotating each round so
+ * no target always follows the same one. Prints a table per round, the medians, the
+ * gateway/baseline ratios and a final JSON line. Exits 1 when a correctness check fails or any
+ * answer is not a correct 200 (a 429 included); missed targets are reported, not an error.
+ */
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { hash, randomBytes } from 'node:crypto';
+import { closeSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { cpus, tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { clean, load, type ExpectedModel, type LoadResult } from './load.js';
+
+const ROOT = resolve(__dirname, '..');
+const TARGET_THROUGHPUT = 0.9; // gateway req/s >= 0.90 x baseline
+const TARGET_P99 = 1.25; // gateway p99 <= 1.25 x baseline
+
+interface Flags {
+  rounds: number;
+  durationS: number;
+  connections: number;
+  warmupS: number;
+  rpm: number;
+  /** Add the gateway-nolog target (diagnosis: what the access log costs). */
+  nolog: boolean;
+}
+
+function parseFlags(argv: string[]): Flags {
+  const flags: Flags = { rounds: 5, durationS: 5, connections: 32, warmupS: 3, rpm: 2_000_000, nolog: false };
+  const names: Record<string, Exclude<keyof Flags, 'nolog'>> = {
+    '--rounds': 'rounds', '--duration': 'durationS', '--connections': 'connections', '--warmup': 'warmupS', '--rpm': 'rpm',
+  };
+  for (let i = 0; i < argv.length; i++) {
+    if (argv[i] === '--nolog') {
+      flags.nolog = true;
+      continue;
+    }
+    const [name, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
+    const field = names[name];
+    const value = Number(inline ?? argv[++i]);
+    if (field === undefined || !Number.isFinite(value) || value <= 0 || (field !== 'durationS' && field !== 'warmupS' && !Number.isInteger(value))) {
+      process.stderr.write(`usage: run.ts [--rounds N] [--duration S] [--connections N] [--warmup S] [--rpm N] [--nolog]\nbad argument: ${argv[i - 1] ?? name}\n`);
+      process.exit(2);
+    }
+    flags[field] = value;
+  }
+  if (flags.rpm > 10_000_000) throw new Error('--rpm above 10,000,000: the gateway allocates 8 bytes per unit of RPM');
+  return flags;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Servers
+// ---------------------------------------------------------------------------------------------
+
+interface Server {
+  name: string;
+  url: string;
+  child: ChildProcess;
+  stderrFile: string;
+}
+
+/**
+ * Starts a server with stdout and stderr going to files (the gateway writes an access-log
+ * line per request; a file never blocks it and costs this process, the load generator,
+ * nothing), then waits for its "listening" line.
+ */
+async function startServer(name: string, args: string[], dir: string): Promise<Server> {
+  const stdoutFile = join(dir, `${name}.stdout.log`);
+  const stderrFile = join(dir, `${name}.stderr.log`);
+  const out = openSync(stdoutFile, 'w');
+  const err = openSync(stderrFile, 'w');
+  const child = spawn(process.execPath, args, { cwd: ROOT, stdio: ['ignore', out, err] });
+  closeSync(out);
+  closeSync(err);
+  let exited: string | null = null;
+  child.on('exit', (code, signal) => {
+    exited = `exited (${signal ?? code})`;
+  });
+  const deadline = Date.now() + 15_000;
+  for (;;) {
+    // Reads from the start each time; only startup output is in the file at this point.
+    const text = readFileSync(stdoutFile, 'utf8');
+    const line = text.split('\n').find((l) => l.includes('"msg":"listening"'));
+    if (line !== undefined) {
+      const url = (JSON.parse(line) as { url: string }).url;
+      return { name, url, child, stderrFile };
+    }
+    if (exited !== null || Date.now() > deadline) {
+      child.kill('SIGKILL');
+      throw new Error(`${name} did not start: ${exited ?? 'no listening line after 15 s'}\n${readFileSync(stderrFile, 'utf8')}`);
+    }
+    await sleep(50);
+  }
+}
+
+async function stopServer(server: Server): Promise<void> {
+  if (server.child.exitCode !== null || server.child.signalCode !== null) return;
+  const exited = new Promise((r) => server.child.once('exit', r));
+  server.child.kill('SIGTERM');
+  const timer = setTimeout(() => server.child.kill('SIGKILL'), 5000);
+  await exited;
+  clearTimeout(timer);
+}
+
+/** Machine-wide CPU counters from /proc/stat (Linux): total and stolen jiffies; null elsewhere. */
+function machineCpu(): { total: number; steal: number } | null {
+  try {
+    // "cpu user nice system idle iowait irq softirq steal guest guest_nice"; guest time is
+    // already inside user, so the total is the first eight.
+    const fields = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/).slice(1, 9).map(Number);
+    return { total: fields.reduce((a, b) => a + b, 0), steal: fields[7] ?? 0 };
+  } catch {
+    return null;
+  }
+}
+
+/** The commit measured, `+dirty` when src/ has uncommitted changes; null outside a git checkout. */
+function sourceVersion(): string | null {
+  try {
+    const git = (...args: string[]) => execFileSync('git', args, { cwd: ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+    return `${git('rev-parse', '--short', 'HEAD')}${git('status', '--porcelain', '--', 'src') === '' ? '' : '+dirty'}`;
+  } catch {
+    return null;
+  }
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics and printing
+// ---------------------------------------------------------------------------------------------
+
+/** One timed run, with what the runner adds: machine CPU steal and server CPU per request. */
+type Result = LoadResult & {
+  /** Share of the machine's CPU time the hypervisor gave to other guests during the run. */
+  steal: number | null;
+  /** Server CPU time (user + system) per answered request, in microseconds. */
+  cpuUsPerReq: number | null;
+};
+
+interface Summary {
+  rps: number;
+  p50Us: number;
+  p99Us: number;
+  p999Us: number;
+  cpuUsPerReq: number | null;
+  non200: number;
+}
+
+function median(values: number[]): number {
+  const s = [...values].sort((a, b) => a - b);
+  const mid = s.length >> 1;
+  return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
+}
+
+const round3 = (x: number) => Math.round(x * 1000) / 1000;
+const ms = (us: number) => (us / 1000).toFixed(2);
+const int = (n: number) => Math.round(n).toLocaleString('en-US');
+const pct = (share: number) => `${Math.round(share * 100)}%`;
+const non200 = (r: LoadResult) => Object.entries(r.statuses).reduce((n, [s, c]) => n + (s === '200' ? 0 : c), 0) + r.errors + r.badBodies;
+const statusText = (r: LoadResult) => {
+  const parts = Object.entries(r.statuses).map(([s, n]) => `${s}:${n}`);
+  if (r.errors > 0) parts.push(`errors:${r.errors}`);
+  if (r.badBodies > 0) parts.push(`bad-bodies:${r.badBodies}`);
+  return parts.join(' ');
+};
+
+// vs base: throughput and p99 as multiples of the baseline's in the same round. cpu/req: server
+// CPU microseconds per request. cpu srv/gen: server and load generator CPU, % of one core.
+// steal: % of the machine's CPU time taken by other guests of the host meanwhile.
+const HEADER = `  ${'target'.padEnd(18)} ${'req/s'.padStart(9)} ${'p50 ms'.padStart(7)} ${'p99 ms'.padStart(7)} ${'p99.9 ms'.padStart(8)}  ` +
+  `${'vs base'.padEnd(14)} ${'cpu/req'.padStart(7)}  ${'cpu srv/gen'.padEnd(11)} ${'steal'.padStart(5)}  statuses`;
+
+function row(name: string, r: Result, base: Result | undefined): string {
+  const ratio = base === undefined || name === 'baseline' ? '' : `${(r.rps / base.rps).toFixed(3)}x ${(r.p99Us / base.p99Us).toFixed(2)}x`;
+  const cpu = `${r.serverCpu === null ? '?' : pct(r.serverCpu)}/${pct(r.loaderCpu)}`;
+  const perReq = r.cpuUsPerReq === null ? '?' : `${r.cpuUsPerReq.toFixed(1)}us`;
+  return `  ${name.padEnd(18)} ${int(r.rps).padStart(9)} ${ms(r.p50Us).padStart(7)} ${ms(r.p99Us).padStart(7)} ${ms(r.p999Us).padStart(8)}  ` +
+    `${ratio.padEnd(14)} ${perReq.padStart(7)}  ${cpu.padEnd(11)} ${(r.steal === null ? '?' : pct(r.steal)).padStart(5)}  ${statusText(r)}`;
+}
+
+function summarize(rs: Result[]): Summary {
+  const perReq = rs.map((r) => r.cpuUsPerReq).filter((x): x is number => x !== null);
+  return {
+    rps: Math.round(median(rs.map((r) => r.rps))),
+    p50Us: median(rs.map((r) => r.p50Us)),
+    p99Us: median(rs.map((r) => r.p99Us)),
+    p999Us: median(rs.map((r) => r.p999Us)),
+    cpuUsPerReq: perReq.length === rs.length ? round3(median(perReq)) : null,
+    non200: rs.reduce((n, r) => n + non200(r), 0),
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Main
+// ---------------------------------------------------------------------------------------------
+
+async function main(): Promise<number> {
+  const flags = parseFlags(process.argv.slice(2));
+  const dir = mkdtempSync(join(tmpdir(), 'mg-bench-'));
+  const servers: Server[] = [];
+  const cleanup = async () => {
+    await Promise.all(servers.map(stopServer));
+    rmSync(dir, { recursive: true, force: true });
+  };
+  process.once('SIGINT', () => {
+    void cleanup().finally(() => process.exit(130));
+  });
+
+  try {
+    // One config per gateway variant; the baseline reads the keys and models of the first.
+    const key = `sk-bench-${randomBytes(16).toString('hex')}`;
+    const models = {
+      'echo-1': { provider: 'mock' },
+      'mock-gpt-4o-mini': { provider: 'mock', price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } },
+    };
+    const expected: ExpectedModel[] = Object.entries(models).map(([id, m]) => ({ id, owned_by: m.provider }));
+    const config = (plan: Record<string, number>) => ({
+      server: { host: '127.0.0.1', port: 0, drainDelayMs: 0, drainTimeoutMs: 2000 },
+      ledger: { store: 'memory' },
+      plans: { bench: plan },
+      accounts: { acct_bench: { plan: 'bench' } },
+      keys: { key_bench: { account: 'acct_bench', sha256: hash('sha256', key) } },
+      models,
+      providers: { mock: { protocol: 'mock' } },
+    });
+    const windowed = join(dir, 'gateway.json');
+    const unlimited = join(dir, 'gateway-unlimited.json');
+    writeFileSync(windowed, JSON.stringify(config({ rpm: flags.rpm, concurrency: 100_000 })));
+    writeFileSync(unlimited, JSON.stringify(config({ concurrency: 100_000 })));
+
+    servers.push(await startServer('baseline', ['--import', 'tsx', 'bench/baseline.ts', '--config', windowed, '--port', '0'], dir));
+    servers.push(await startServer('gateway', ['dist/main.js', '--config', windowed, '--port', '0'], dir));
+    servers.push(await startServer('gateway-unlimited', ['dist/main.js', '--config', unlimited, '--port', '0'], dir));
+    if (flags.nolog) servers.push(await startServer('gateway-nolog', ['--import', 'tsx', 'bench/gateway-nolog.ts', '--config', windowed], dir));
+
+    const cpu = cpus();
+    const commit = sourceVersion();
+    process.stdout.write(
+      `GET /v1/models: ${servers.map((s) => `${s.name} ${s.url}`).join(', ')}\n` +
+      `commit ${commit ?? '?'} (dist/ as built from it), node ${process.version}, ${cpu.length} cores (${cpu[0]?.model ?? '?'}), load generator in this process\n` +
+      `${flags.connections} connections, ${flags.rounds} rounds x ${flags.durationS} s per target, warmup ${flags.warmupS} s, gateway rpm ${flags.rpm}\n`,
+    );
+
+    let ok = true;
+    const runOne = async (server: Server, durationS: number): Promise<Result> => {
+      const before = machineCpu();
+      const r = await load({
+        url: server.url, path: '/v1/models', headers: { authorization: `Bearer ${key}` },
+        connections: flags.connections, durationS, expected, serverPid: server.child.pid,
+      });
+      const after = machineCpu();
+      if (!r.check.ok) process.stdout.write(`  ${server.name}: correctness check FAILED\n    ${r.check.problems.join('\n    ')}\n`);
+      if (!clean(r)) ok = false;
+      return {
+        ...r,
+        steal: before === null || after === null ? null : (after.steal - before.steal) / Math.max(1, after.total - before.total),
+        cpuUsPerReq: r.serverCpu === null || r.requests === 0 ? null : (r.serverCpu * r.elapsedS * 1e6) / r.requests,
+      };
+    };
+
+    process.stdout.write(`\nwarmup\n${HEADER}\n`);
+    for (const server of servers) {
+      const r = await runOne(server, flags.warmupS);
+      process.stdout.write(`${row(server.name, r, undefined)}\n`);
+    }
+
+    const results = new Map<string, Result[]>(servers.map((s) => [s.name, []]));
+    for (let round = 0; round < flags.rounds && ok; round++) {
+      const order = servers.map((_, i) => servers[(i + round) % servers.length]!);
+      const got = new Map<string, Result>();
+      for (const server of order) {
+        const r = await runOne(server, flags.durationS);
+        got.set(server.name, r);
+        results.get(server.name)!.push(r);
+      }
+      process.stdout.write(`\nround ${round + 1} (order: ${order.map((s) => s.name).join(', ')})\n${HEADER}\n`);
+      for (const server of servers) process.stdout.write(`${row(server.name, got.get(server.name)!, got.get('baseline'))}\n`);
+    }
+
+    const baseRounds = results.get('baseline')!;
+    const summary: Record<string, Summary> = {};
+    const ratios: Record<string, Record<string, number | boolean | null>> = {};
+    let steal: number | null = null;
+    if (baseRounds.length > 0) {
+      for (const [name, rs] of results) summary[name] = summarize(rs);
+      process.stdout.write(
+        `\nsummary: medians of ${baseRounds.length} rounds\n` +
+        `  ${'target'.padEnd(18)} ${'req/s'.padStart(9)} ${'p50 ms'.padStart(7)} ${'p99 ms'.padStart(7)} ${'p99.9 ms'.padStart(8)}  ${'cpu/req'.padStart(7)}  non-200\n`,
+      );
+      for (const [name, s] of Object.entries(summary)) {
+        const perReq = s.cpuUsPerReq === null ? '?' : `${s.cpuUsPerReq.toFixed(1)}us`;
+        process.stdout.write(`  ${name.padEnd(18)} ${int(s.rps).padStart(9)} ${ms(s.p50Us).padStart(7)} ${ms(s.p99Us).padStart(7)} ${ms(s.p999Us).padStart(8)}  ${perReq.padStart(7)}  ${s.non200}\n`);
+      }
+      const base = summary.baseline!;
+      for (const [name, s] of Object.entries(summary)) {
+        if (name === 'baseline') continue;
+        // The target ratios are of the medians. The paired ones (the median of each round's own
+        // ratio) compare runs seconds apart, so slow drift in the machine cancels out of them;
+        // CPU per request does not count stolen time at all, so it is the steadiest of the three.
+        const rs = results.get(name)!;
+        const throughput = s.rps / base.rps;
+        const p99 = s.p99Us / base.p99Us;
+        const pairedThroughput = median(rs.map((r, i) => r.rps / baseRounds[i]!.rps));
+        const pairedP99 = median(rs.map((r, i) => r.p99Us / baseRounds[i]!.p99Us));
+        const cpuPerReq = s.cpuUsPerReq === null || base.cpuUsPerReq === null ? null : s.cpuUsPerReq / base.cpuUsPerReq;
+        ratios[name] = {
+          throughput: round3(throughput), p99: round3(p99),
+          throughputMet: throughput >= TARGET_THROUGHPUT, p99Met: p99 <= TARGET_P99,
+          pairedThroughput: round3(pairedThroughput), pairedP99: round3(pairedP99),
+          cpuPerReq: cpuPerReq === null ? null : round3(cpuPerReq),
+        };
+        process.stdout.write(
+          `  ${name} / baseline: throughput ${throughput.toFixed(3)}x (target >= ${TARGET_THROUGHPUT}: ${throughput >= TARGET_THROUGHPUT ? 'met' : 'NOT met'}), ` +
+          `p99 ${p99.toFixed(2)}x (target <= ${TARGET_P99}: ${p99 <= TARGET_P99 ? 'met' : 'NOT met'})\n` +
+          `    paired per round: throughput ${pairedThroughput.toFixed(3)}x, p99 ${pairedP99.toFixed(2)}x; ` +
+          `server CPU per request ${cpuPerReq === null ? '?' : `${cpuPerReq.toFixed(2)}x`}\n`,
+        );
+      }
+      const steals = [...results.values()].flat().map((r) => r.steal).filter((x): x is number => x !== null);
+      if (steals.length > 0) {
+        steal = round3(median(steals));
+        process.stdout.write(`  CPU steal by other guests of the host, median over runs: ${pct(steal)} (max ${pct(Math.max(...steals))})\n`);
+      }
+    }
+    if (!ok) process.stdout.write('\nFAILED: a correctness check failed or an answer was not a correct 200 (see the tables)\n');
+    process.stdout.write(`${JSON.stringify({
+      bench: 'GET /v1/models', ok, commit, node: process.version, cores: cpu.length, date: new Date().toISOString(),
+      connections: flags.connections, rounds: flags.rounds, durationS: flags.durationS, rpm: flags.rpm,
+      medians: summary, ratios, steal,
+    })}\n`);
+    return ok ? 0 : 1;
+  } finally {
+    await cleanup();
+  }
+}
+
+main().then((code) => {
+  process.exitCode = code;
+}, (err: unknown) => {
+  process.stderr.write(`bench failed: ${(err as Error)?.stack ?? String(err)}\n`);
+  process.exitCode = 1;
+});
