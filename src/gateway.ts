@@ -197,14 +197,13 @@ export class Gateway {
    * answered with its contract error. Every admission decision is counted here.
    */
   admit<T extends { ok: true }>(ctx: RequestContext, res: ServerResponse, answer: T | Rejection | Promise<T | Rejection>, then: (admitted: T) => void): void {
-    this.decide(ctx, res, answer, (decision) => {
-      if (!decision.ok) {
-        this.metrics.admission(decision.reason);
-        return this.reject(ctx, res, decision);
-      }
-      this.metrics.admission('admitted');
-      then(decision);
-    });
+    if (answer instanceof Promise) return this.decide(ctx, res, answer, (decision) => this.admit(ctx, res, decision, then));
+    if (!answer.ok) {
+      this.metrics.admission(answer.reason);
+      return this.reject(ctx, res, answer);
+    }
+    this.metrics.admission('admitted');
+    then(answer);
   }
 
   /** Answers a limiter denial with its contract error. */

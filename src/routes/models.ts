@@ -9,9 +9,13 @@ export function registerModelRoutes(router: Router<Gateway>): void {
     methods: {
       GET: (gw, ctx, _req, res) => {
         const key = ctx.key!;
-        gw.admit(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), () => {
-          sendJson(ctx, res, 200, key.modelsBody, gw.done);
-        });
+        const decision = gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null);
+        if (decision instanceof Promise || !decision.ok) {
+          return gw.admit(ctx, res, decision, () => sendJson(ctx, res, 200, key.modelsBody, gw.done));
+        }
+        // Admitted synchronously (memory store): answer without allocating a callback.
+        gw.metrics.admission('admitted');
+        sendJson(ctx, res, 200, key.modelsBody, gw.done);
       },
     },
   });

@@ -202,12 +202,12 @@ describe('MemoryLimiter', () => {
     assert.equal(lim.sizes().keys, 100);
     const held = ticket(lim.admit(account({ id: 'busy', rpm: 10 }), NO_KEY_LIMITS, null, null));
     clock.advance(WINDOW_MS + 1);
-    for (let i = 0; i < 200; i++) lim.admitInstant(account({ id: 'busy', rpm: 1000 }), NO_KEY_LIMITS, null);
+    for (let i = 0; i < 400; i++) lim.admitInstant(account({ id: 'busy', rpm: 1000 }), NO_KEY_LIMITS, null);
     assert.equal(lim.sizes().accounts, 1, 'only the account with a request in flight remains');
     assert.equal(lim.sizes().keys, 0);
     lim.release(held);
     clock.advance(WINDOW_MS + 1);
-    for (let i = 0; i < 10; i++) lim.admitInstant(account({ id: 'late' }), NO_KEY_LIMITS, null);
+    for (let i = 0; i < 64; i++) lim.admitInstant(account({ id: 'late' }), NO_KEY_LIMITS, null);
     assert.ok(lim.sizes().accounts <= 1);
   });
 });
