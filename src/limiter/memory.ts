@@ -79,7 +79,24 @@ export class MemoryLimiter implements Limiter {
   private readonly sweepMoney = new Sweeper(this.money, moneyIdle);
   private admissions = 0;
 
-  constructor(private readonly clock: Clock) {}
+  private readonly sweepTimer: NodeJS.Timeout;
+
+  /**
+   * @param sweepIntervalMs how often idle state is also swept without traffic (one timer for
+   *   the whole limiter, not one per key), so memory returns after the windows of idle accounts pass.
+   */
+  constructor(private readonly clock: Clock, sweepIntervalMs = 5000) {
+    this.sweepTimer = setInterval(() => this.sweepIdle(4096), sweepIntervalMs);
+    this.sweepTimer.unref();
+  }
+
+  /** Looks at up to `budget` entries of each map and drops the idle ones. */
+  sweepIdle(budget: number): void {
+    const now = this.clock.now();
+    this.sweepAccounts.step(now, budget);
+    this.sweepKeys.step(now, budget);
+    this.sweepMoney.step(now, budget);
+  }
 
   admit(account: AccountLimits, key: KeyLimits, idempotencyKey: string | null, estimateMicro: number | null): Decision {
     const now = this.clock.now();
@@ -193,7 +210,9 @@ export class MemoryLimiter implements Limiter {
     return true;
   }
 
-  close(): void {}
+  close(): void {
+    clearInterval(this.sweepTimer);
+  }
 
   /** Sizes of the internal maps (for tests and metrics: they must not grow without bound). */
   sizes(): { accounts: number; keys: number; money: number; idempotency: number } {

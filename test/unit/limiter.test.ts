@@ -320,3 +320,29 @@ function assertWindowHolds(times: number[], limit: number, label: string): void 
     assert.ok(hi - lo + 1 <= limit, `${label}: ${hi - lo + 1} admissions in 60 s, limit ${limit}`);
   }
 }
+
+describe('memory returns after idle accounts\' windows pass', () => {
+  test('10,000 accounts and keys: all state dropped by the background sweep once their windows are over', () => {
+    const clock = new FakeClock();
+    const lim = new MemoryLimiter(clock, 60_000);
+    try {
+      for (let i = 0; i < 10_000; i++) {
+        const a = account({ id: `a${i}`, rpm: 60, concurrency: 5, dailyCapMicro: 1000 });
+        const t = ticket(lim.admit(a, { id: `k${i}`, rpm: 10, concurrency: null }, `idem-${i}`, 10));
+        lim.settle(t, 0);
+        lim.release(t);
+      }
+      assert.ok(lim.sizes().accounts > 9000);
+      clock.advance(30_000);
+      lim.sweepIdle(100_000);
+      assert.ok(lim.sizes().accounts > 9000, 'windows not over yet: state kept');
+      clock.advance(WINDOW_MS);
+      lim.sweepIdle(4096);
+      lim.sweepIdle(4096);
+      lim.sweepIdle(4096);
+      assert.deepEqual(lim.sizes(), { accounts: 0, keys: 0, money: 0, idempotency: 0 });
+    } finally {
+      lim.close();
+    }
+  });
+});
