@@ -58,8 +58,6 @@ export class FileLedger implements Ledger {
   private readonly maxSegmentBytes: number;
   private readonly logger: Logger | undefined;
   private book = new LedgerBook();
-  /** Accounts with an entry appended (durable or not yet). */
-  private readonly known = new Set<string>();
   private seq = 0;
   private handle: FileHandle | null = null;
   private size = 0;
@@ -84,13 +82,8 @@ export class FileLedger implements Ledger {
     return ledger;
   }
 
-  knowsAccount(accountId: string): boolean {
-    return this.known.has(accountId);
-  }
-
   append(entry: LedgerEntry): Promise<void> {
     if (this.failure !== null) return Promise.reject(this.failure);
-    this.known.add(entry.accountId);
     return new Promise((resolve, reject) => {
       this.pending.push({ line: encodeRecord(entry), entry, resolve, reject });
       if (!this.writing) {
@@ -256,17 +249,13 @@ export class FileLedger implements Ledger {
       sealed = snapshot.sealed;
       this.book = LedgerBook.load(snapshot.book);
     }
-    for (const account of this.book.totals.keys()) this.known.add(account);
     const seqs = readdirSync(this.dir).map((f) => SEGMENT.exec(f)).filter((m) => m !== null).map((m) => Number(m[1])).sort((a, b) => a - b);
     const open_ = seqs.filter((s) => s > sealed);
     for (let i = 0; i < open_.length; i++) {
       const seq = open_[i]!;
       const last = i === open_.length - 1;
       const path = join(this.dir, segmentName(seq));
-      const { index, size, torn } = scanSegment(path, (e) => {
-        this.book.apply(e);
-        this.known.add(e.accountId);
-      });
+      const { index, size, torn } = scanSegment(path, (e) => this.book.apply(e));
       if (torn !== null) {
         if (!last) throw new LedgerCorruptError(segmentName(seq), size, torn);
         this.logger?.warn('ledger: cut off a torn last record (a crash during a write)', { file: segmentName(seq), offset: size, reason: torn });

@@ -8,10 +8,6 @@ export class MemoryLedger implements Ledger {
   /** Billing history (charges and credits) per account, oldest first. */
   private readonly billing = new Map<string, LedgerEntry[]>();
 
-  knowsAccount(accountId: string): boolean {
-    return this.book.totals.has(accountId);
-  }
-
   append(entry: LedgerEntry): void {
     this.book.apply(entry);
     if (entry.type === 'usage') return;

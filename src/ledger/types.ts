@@ -55,8 +55,6 @@ export interface UsageRow {
  * (today's spend, balances); the ledger holds history and, on restart, rebuilds that state.
  */
 export interface Ledger {
-  /** Whether the account has any entry yet (its one-time initial credit is given otherwise). */
-  knowsAccount(accountId: string): boolean;
   /** Records an entry; a promise means "durable when it resolves". Ordering is preserved. */
   append(entry: LedgerEntry): void | Promise<void>;
   /** Balances and day totals of every account with entries, as of the last durable entry. */
