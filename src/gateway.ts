@@ -1,4 +1,4 @@
-import { hash } from 'node:crypto';
+import { hash, randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import { systemClock, type Clock } from './clock.js';
@@ -33,9 +33,11 @@ export interface GatewayOptions {
   adminStore?: AdminStore;
 }
 
+/** Ledger entry ids: a random per-process prefix plus a counter, unique across instances and restarts. */
+const ENTRY_PREFIX = `txn_${randomBytes(5).toString('hex')}`;
 let entryCounter = 0;
-function newEntryId(now: number): string {
-  return `txn_${now.toString(36)}${(++entryCounter).toString(36).padStart(4, '0')}`;
+function newEntryId(): string {
+  return `${ENTRY_PREFIX}${(++entryCounter).toString(36).padStart(5, '0')}`;
 }
 
 /**
@@ -248,7 +250,7 @@ export class Gateway {
 
   /** Records a ledger entry with a fresh id; a promise resolves when it is durable. */
   record(entry: Omit<LedgerEntry, 'id'>): void | Promise<void> {
-    const done = this.ledger.append({ id: newEntryId(entry.createdAt), ...entry });
+    const done = this.ledger.append({ id: newEntryId(), ...entry });
     if (done instanceof Promise) {
       done.catch((err: unknown) => this.logger.error('ledger append failed', { request_id: entry.requestId, error: String(err) }));
     }
@@ -257,7 +259,7 @@ export class Gateway {
 
   /** Records an entry and resolves to its id once it is durable. */
   async recordDurably(entry: Omit<LedgerEntry, 'id'>): Promise<string> {
-    const id = newEntryId(entry.createdAt);
+    const id = newEntryId();
     await this.ledger.append({ id, ...entry });
     return id;
   }

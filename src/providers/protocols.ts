@@ -102,6 +102,12 @@ function anthropicUsage(u: unknown, into: Usage | null): Usage | null {
 
 const THINKING_BUDGET = 1024; // Anthropic's minimum budget_tokens
 
+/** Extended thinking for a `-thinking` id: the budget, and max_tokens raised when it leaves no room. */
+export function thinkingLimits(maxTokens: number): { budget: number; maxTokens: number } {
+  const budget = Math.max(THINKING_BUDGET, Math.floor(maxTokens / 2));
+  return { budget, maxTokens: maxTokens <= budget ? budget + THINKING_BUDGET : maxTokens };
+}
+
 const anthropic: ProtocolAdapter = {
   path: (endpoint) => (endpoint === 'messages' ? '/v1/messages' : null),
 
@@ -118,10 +124,9 @@ const anthropic: ProtocolAdapter = {
     if (body.max_tokens === undefined) body.max_tokens = ex.maxOutputTokens; // required upstream
     if (ex.model.thinking && body.thinking === undefined) {
       // A `-thinking` id: extended thinking on, within the client's output budget where it allows.
-      const maxTokens = body.max_tokens as number;
-      const budget = Math.max(THINKING_BUDGET, Math.floor(maxTokens / 2));
-      if (maxTokens <= budget) body.max_tokens = budget + THINKING_BUDGET;
-      body.thinking = { type: 'enabled', budget_tokens: budget };
+      const limits = thinkingLimits(body.max_tokens as number);
+      body.max_tokens = limits.maxTokens;
+      body.thinking = { type: 'enabled', budget_tokens: limits.budget };
     }
     return body;
   },

@@ -7,7 +7,7 @@ import type { RequestContext } from '../http/context.js';
 import { baseHeaders, sendError, sendErrorSpec } from '../http/reply.js';
 import type { Ticket } from '../limiter/types.js';
 import { costMicro, type Usage } from '../money.js';
-import { supports } from '../providers/protocols.js';
+import { supports, thinkingLimits } from '../providers/protocols.js';
 import { inputChars, tokensOf } from '../providers/text.js';
 import type { Endpoint, Exchange } from '../providers/types.js';
 import type { Router } from '../router.js';
@@ -68,7 +68,9 @@ function afterBody(
     });
   }
   const chars = inputChars(call.body);
-  const maxOutput = call.maxTokens ?? model.maxOutputTokens;
+  let maxOutput = call.maxTokens ?? model.maxOutputTokens;
+  // Reserve for what the provider may really produce: thinking can raise max_tokens.
+  if (model.thinking && model.provider.protocol === 'anthropic') maxOutput = thinkingLimits(maxOutput).maxTokens;
   const estimate = model.billable
     ? costMicro(model.price, {
       inputTokens: tokensOf(chars), outputTokens: endpoint === 'embeddings' ? 0 : maxOutput, cacheReadTokens: 0, cacheWriteTokens: 0,
