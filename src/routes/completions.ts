@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { ModelEntry } from '../directory.js';
-import type { ErrorCode, ErrorDetails, ErrorSpec } from '../errors.js';
+import { ERRORS, type ErrorCode, type ErrorDetails, type ErrorSpec } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import { readBody, type BodyResult } from '../http/body.js';
 import type { RequestContext } from '../http/context.js';
@@ -166,15 +166,17 @@ class LiveExchange implements Exchange {
   }
 
   fail(code: ErrorCode, details: ErrorDetails = {}): void {
-    if (this.res.headersSent) return this.cut(null, details.message ?? code);
-    if (!this.settled) this.charge(NO_USAGE, false); // no answer reached the client: nothing to bill
-    sendError(this.ctx, this.res, code, this.gw.done, details);
+    this.failSpec(code, ERRORS[code], details);
   }
 
   failWith(code: string, spec: ErrorSpec, message: string): void {
-    if (this.res.headersSent) return this.cut(null, message);
-    if (!this.settled) this.charge(NO_USAGE, false);
-    sendErrorSpec(this.ctx, this.res, code, spec, this.gw.done, { message });
+    this.failSpec(code, spec, { message });
+  }
+
+  private failSpec(code: string, spec: ErrorSpec, details: ErrorDetails): void {
+    if (this.res.headersSent) return this.cut(null, details.message ?? code);
+    if (!this.settled) this.charge(NO_USAGE, false); // no answer reached the client: nothing to bill
+    sendErrorSpec(this.ctx, this.res, code, spec, this.gw.done, details);
   }
 
   cut(usage: Usage | null, why: string): void {
@@ -212,9 +214,11 @@ class LiveExchange implements Exchange {
       estimated, note: null,
     });
     if (!(settlement instanceof Promise)) return write(settlement.balanceAfterMicro);
-    const recorded = settlement.then((s) => write(s.balanceAfterMicro));
-    recorded.catch((err: unknown) => gw.logger.error('settlement failed', { request_id: this.ctx.id, error: String(err) }));
-    return recorded;
+    // If the shared store cannot take the charge, the history still must: record it anyway.
+    return settlement.then((s) => write(s.balanceAfterMicro), (err: unknown) => {
+      gw.logger.error('settlement failed; recorded in the ledger only', { request_id: this.ctx.id, error: String(err) });
+      return write(null);
+    });
   }
 
   /** The response is over: finished, or the client went away first. */
