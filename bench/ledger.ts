@@ -1,0 +1,780 @@
+/**
+ * The ledger benchmark: billable `POST /v1/chat/completions` on the gateway with the file
+ * ledger (every charge fsynced before the answer's final bytes, group commit) against the
+ * same gateway with the memory ledger, plus the commit costs measured in-process.
+ *
+ *   npm run build && node --import tsx bench/ledger.ts
+ *     [--rounds 3] [--duration 5] [--connections 32] [--warmup 2] [--sync 300] [--concurrent 10000]
+ *
+ * 1. Starts dist/main.js twice as child processes on 127.0.0.1 (memory ledger; file ledger in a
+ *    fresh temp dir), stdout and stderr to files (the access log never blocks the gateway).
+ * 2. Checks the first answer of each on the loader's own raw socket: a correct 200 chat completion.
+ * 3. Loads them alternately, `rounds` x [memory, file] for `duration` s each after a warmup, with
+ *    the closed-loop POST generator below: raw keep-alive `node:net` sockets, one precomputed
+ *    request Buffer, answers parsed by content-length only (node's http client would measure
+ *    itself on a 2-core box). One request in flight per connection.
+ * 4. Records per group commit in the gateway itself: both gateways run with a small preload
+ *    (`-r probe.cjs`, written to the temp dir) that keeps the FileLedger `FileLedger.open`
+ *    returns and prints its `stats` to stderr on SIGUSR2; read before and after each timed
+ *    window. Nothing else in the gateway changes. After the run, the journal lines are counted
+ *    and compared with the 200 answers the file gateway gave (+1 for the account's credit).
+ * 5. In-process (this process, gateways stopped): a FileLedger in a temp dir, `sync` sequential
+ *    single appends (each its own write+fdatasync) -> ms per commit; `concurrent` appends at
+ *    once -> commits used and records per commit.
+ * Columns: cpu/req = server CPU (all its threads) per answered request; cpu srv/gen/other/steal =
+ * the server, this load generator, everything else in the VM (other processes, kernel threads,
+ * softirq), and CPU the hypervisor stole, each in % of one core over the window. A round where
+ * other > 25% or steal > 10% is flagged: the machine was shared and the figures are disturbed.
+ * Prints per-round tables, a summary and a final JSON line. Exits 1 when an answer is not a
+ * correct 200 or the journal does not hold every charge; a missed target is reported, not an error.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { closeSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { connect, type Socket } from 'node:net';
+import { cpus, loadavg, tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { FileLedger } from '../src/ledger/file.js';
+import type { LedgerEntry } from '../src/ledger/types.js';
+import { Histogram } from './load.js';
+
+export const ROOT = resolve(__dirname, '..');
+const TARGET_RATIO = 0.8; // file-ledger req/s >= 0.80 x memory-ledger req/s
+const KEY = 'sk-bench';
+const PROMPT = 'hello there, bench';
+const BODY = JSON.stringify({ model: 'paid', messages: [{ role: 'user', content: PROMPT }] });
+
+interface Flags {
+  rounds: number;
+  durationS: number;
+  connections: number;
+  warmupS: number;
+  sync: number;
+  concurrent: number;
+}
+
+function parseFlags(argv: string[]): Flags {
+  const flags: Flags = { rounds: 3, durationS: 5, connections: 32, warmupS: 2, sync: 300, concurrent: 10_000 };
+  const names: Record<string, keyof Flags> = {
+    '--rounds': 'rounds', '--duration': 'durationS', '--connections': 'connections', '--warmup': 'warmupS',
+    '--sync': 'sync', '--concurrent': 'concurrent',
+  };
+  for (let i = 0; i < argv.length; i++) {
+    const [name, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
+    const field = names[name];
+    const value = Number(inline ?? argv[++i]);
+    const fractional = field === 'durationS' || field === 'warmupS';
+    if (field === undefined || !Number.isFinite(value) || value < (field === 'warmupS' ? 0 : 1) || value > 100_000 || (!fractional && !Number.isInteger(value))) {
+      process.stderr.write('usage: ledger.ts [--rounds N] [--duration S] [--connections N] [--warmup S] [--sync N] [--concurrent N]\n' +
+        `bad argument: ${argv[i - 1] ?? name}\n`);
+      process.exit(2);
+    }
+    flags[field] = value;
+  }
+  if (flags.durationS > 120 || flags.warmupS > 60 || flags.rounds > 20) throw new Error('--duration <= 120, --warmup <= 60, --rounds <= 20');
+  return flags;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small shared helpers (bench/ledger-startup.ts uses them too)
+// ---------------------------------------------------------------------------------------------
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+export function median(values: number[]): number {
+  const s = [...values].sort((a, b) => a - b);
+  const mid = s.length >> 1;
+  return s.length === 0 ? NaN : s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
+}
+
+export const round3 = (x: number) => Math.round(x * 1000) / 1000;
+const int = (n: number) => Math.round(n).toLocaleString('en-US');
+const msText = (us: number) => (us / 1000).toFixed(2);
+
+/** CPU seconds (user + system) a process has used, from /proc/PID/stat; null where unavailable. */
+function processCpuS(pid: number | undefined): number | null {
+  if (pid === undefined) return null;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    return (Number(fields[11]) + Number(fields[12])) / 100; // utime + stime, USER_HZ = 100
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Machine-wide CPU jiffies from /proc/stat (Linux): busy (run in this VM: not idle, iowait or
+ * steal), stolen (wanted but given by the hypervisor to other guests of the host), total; null elsewhere.
+ */
+export function machineCpu(): { busy: number; total: number; steal: number } | null {
+  try {
+    // "cpu user nice system idle iowait irq softirq steal guest guest_nice"; guest is inside user.
+    const f = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/).slice(1, 9).map(Number);
+    const total = f.reduce((a, b) => a + b, 0);
+    const steal = f[7] ?? 0;
+    return { busy: total - f[3]! - f[4]! - steal, total, steal };
+  } catch {
+    return null;
+  }
+}
+
+/** Sum of the sizes of the journal segments and the number of lines (records) in them. */
+export function journalStats(dir: string): { segments: number; bytes: number; lines: number } {
+  let bytes = 0;
+  let lines = 0;
+  let segments = 0;
+  for (const name of readdirSync(dir)) {
+    if (!/^journal-\d{8}\.log$/.test(name)) continue;
+    const data = readFileSync(join(dir, name));
+    segments++;
+    bytes += data.length;
+    for (let i = data.indexOf(10); i !== -1; i = data.indexOf(10, i + 1)) lines++;
+  }
+  return { segments, bytes, lines };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gateways as child processes
+// ---------------------------------------------------------------------------------------------
+
+export interface Server {
+  name: string;
+  url: string;
+  port: number;
+  child: ChildProcess;
+  stdoutFile: string;
+  stderrFile: string;
+}
+
+/**
+ * Starts `node ...args` with stdout and stderr going to files, and waits (at most `timeoutMs`)
+ * for the "listening" line. Resolves with the server and the ms from spawn to that line.
+ */
+export async function startServer(name: string, args: string[], dir: string, timeoutMs = 15_000): Promise<Server & { startMs: number }> {
+  const stdoutFile = join(dir, `${name}.stdout.log`);
+  const stderrFile = join(dir, `${name}.stderr.log`);
+  const out = openSync(stdoutFile, 'w');
+  const err = openSync(stderrFile, 'w');
+  const t0 = performance.now();
+  const child = spawn(process.execPath, args, { cwd: ROOT, stdio: ['ignore', out, err] });
+  closeSync(out);
+  closeSync(err);
+  let exited: string | null = null;
+  child.on('exit', (code, signal) => {
+    exited = `exited (${signal ?? code})`;
+  });
+  const deadline = t0 + timeoutMs;
+  for (;;) {
+    const text = readFileSync(stdoutFile, 'utf8');
+    const line = text.split('\n').find((l) => l.includes('"msg":"listening"'));
+    if (line !== undefined) {
+      const startMs = performance.now() - t0;
+      const url = (JSON.parse(line) as { url: string }).url;
+      return { name, url, port: Number(new URL(url).port), child, stdoutFile, stderrFile, startMs };
+    }
+    if (exited !== null || performance.now() > deadline) {
+      child.kill('SIGKILL');
+      throw new Error(`${name} did not start: ${exited ?? `no listening line after ${timeoutMs} ms`}\n${readFileSync(stderrFile, 'utf8')}`);
+    }
+    await sleep(5);
+  }
+}
+
+/** SIGTERM (the gateway drains and closes its ledger), SIGKILL after 10 s. */
+export async function stopServer(server: { child: ChildProcess }): Promise<void> {
+  const child = server.child;
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((r) => child.once('exit', r));
+  child.kill('SIGTERM');
+  const timer = setTimeout(() => child.kill('SIGKILL'), 10_000);
+  await exited;
+  clearTimeout(timer);
+}
+
+/**
+ * The preload both gateways run with: keeps the FileLedger the gateway opens and prints its
+ * group-commit counters to stderr on SIGUSR2. Plain CommonJS, written to the temp dir.
+ */
+function probeSource(): string {
+  const file = JSON.stringify(join(ROOT, 'dist', 'ledger', 'file.js'));
+  return `'use strict';
+const mod = require(${file});
+let ledger = null;
+const open = mod.FileLedger.open;
+mod.FileLedger.open = async function (...args) {
+  ledger = await open.apply(this, args);
+  return ledger;
+};
+let n = 0;
+process.on('SIGUSR2', () => {
+  const s = ledger === null ? null : ledger.stats;
+  process.stderr.write(JSON.stringify({ probe: 'ledger-stats', n: ++n, commits: s ? s.commits : null, records: s ? s.records : null }) + '\\n');
+});
+`;
+}
+
+interface CommitStats {
+  commits: number;
+  records: number;
+}
+
+const probeSeen = new Map<number, number>();
+
+/** Asks the gateway for its FileLedger counters (SIGUSR2) and waits for the answer (<= 2 s). */
+async function readProbe(server: Server): Promise<CommitStats | null> {
+  const pid = server.child.pid!;
+  const before = probeSeen.get(pid) ?? 0;
+  server.child.kill('SIGUSR2');
+  const deadline = performance.now() + 2000;
+  while (performance.now() < deadline) {
+    const lines = readFileSync(server.stderrFile, 'utf8').split('\n').filter((l) => l.includes('"probe":"ledger-stats"'));
+    const last = lines.at(-1);
+    if (last !== undefined) {
+      const p = JSON.parse(last) as { n: number; commits: number | null; records: number | null };
+      if (p.n > before) {
+        probeSeen.set(pid, p.n);
+        return p.commits === null || p.records === null ? null : { commits: p.commits, records: p.records };
+      }
+    }
+    await sleep(5);
+  }
+  return null;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The POST load generator
+// ---------------------------------------------------------------------------------------------
+
+const HEADER_END = Buffer.from('\r\n\r\n');
+const CONTENT_LENGTH = Buffer.from('\r\ncontent-length:');
+
+function requestBytes(port: number): Buffer {
+  return Buffer.from(
+    'POST /v1/chat/completions HTTP/1.1\r\n' +
+    `host: 127.0.0.1:${port}\r\n` +
+    `x-api-key: ${KEY}\r\n` +
+    'content-type: application/json\r\n' +
+    `content-length: ${Buffer.byteLength(BODY)}\r\n\r\n${BODY}`,
+  );
+}
+
+/** `content-length` (any case) from the header block `buf[0, end)`; -1 if missing. */
+function contentLength(buf: Buffer, end: number): number {
+  const head = Buffer.from(buf.subarray(0, end + 2));
+  for (let i = 0; i < head.length; i++) {
+    const c = head[i]!;
+    if (c >= 65 && c <= 90) head[i] = c + 32;
+  }
+  const at = head.indexOf(CONTENT_LENGTH);
+  if (at === -1) return -1;
+  let i = at + CONTENT_LENGTH.length;
+  while (head[i] === 32) i++;
+  let n = 0;
+  let digits = 0;
+  for (; head[i]! >= 48 && head[i]! <= 57; i++, digits++) n = n * 10 + head[i]! - 48;
+  return digits === 0 ? -1 : n;
+}
+
+function openSocket(port: number): Promise<Socket> {
+  return new Promise((resolve_, reject) => {
+    const socket = connect({ host: '127.0.0.1', port });
+    socket.once('connect', () => {
+      socket.removeListener('error', reject);
+      socket.setNoDelay(true);
+      resolve_(socket);
+    });
+    socket.once('error', reject);
+  });
+}
+
+interface Check {
+  ok: boolean;
+  problems: string[];
+  /** Byte length of the checked body: every 200 under load must have it (fixed-length ids). */
+  bodyBytes: number;
+}
+
+/**
+ * Sends the load's exact request bytes once on a raw socket, reads the whole answer and checks
+ * it: 200, JSON content type, content-length (no chunking), an x-request-id, and a chat
+ * completion echoing the prompt with its usage.
+ */
+async function checkFirst(port: number): Promise<Check> {
+  const problems: string[] = [];
+  const socket = await openSocket(port);
+  const raw = await new Promise<Buffer>((resolve_, reject) => {
+    let buf = Buffer.alloc(0);
+    const timer = setTimeout(() => reject(new Error('no complete answer after 5 s')), 5000);
+    socket.on('data', (chunk: Buffer) => {
+      buf = Buffer.concat([buf, chunk]);
+      const end = buf.indexOf(HEADER_END);
+      if (end === -1) return;
+      const length = contentLength(buf, end);
+      if (length < 0 || buf.length >= end + 4 + length) {
+        clearTimeout(timer);
+        resolve_(buf);
+      }
+    });
+    socket.on('error', reject);
+    socket.write(requestBytes(port));
+  }).finally(() => socket.destroy());
+  const end = raw.indexOf(HEADER_END);
+  const head = raw.toString('latin1', 0, end);
+  const [statusLine, ...headerLines] = head.split('\r\n');
+  const headers = new Map(headerLines.map((l) => [l.slice(0, l.indexOf(':')).toLowerCase(), l.slice(l.indexOf(':') + 1).trim()]));
+  const body = raw.subarray(end + 4);
+  const text = body.toString('utf8');
+  if (!/^HTTP\/1\.1 200 /.test(statusLine ?? '')) problems.push(`status line ${JSON.stringify(statusLine)} (body ${text.slice(0, 200)})`);
+  if (headers.get('content-type') !== 'application/json') problems.push(`content-type ${JSON.stringify(headers.get('content-type'))}`);
+  if (headers.has('transfer-encoding')) problems.push('chunked answer: the load generator needs content-length');
+  if (headers.get('content-length') !== String(body.length)) problems.push(`content-length ${JSON.stringify(headers.get('content-length'))} but ${body.length} body bytes`);
+  if (!headers.get('x-request-id')) problems.push('no x-request-id header');
+  try {
+    const c = JSON.parse(text) as {
+      id?: unknown; object?: unknown; model?: unknown;
+      choices?: Array<{ message?: { role?: unknown; content?: unknown }; finish_reason?: unknown }>;
+      usage?: { prompt_tokens?: unknown; completion_tokens?: unknown; total_tokens?: unknown };
+    };
+    if (c.object !== 'chat.completion') problems.push(`object ${JSON.stringify(c.object)}`);
+    if (typeof c.id !== 'string' || !c.id.startsWith('chatcmpl-')) problems.push(`id ${JSON.stringify(c.id)}`);
+    if (c.model !== 'paid') problems.push(`model ${JSON.stringify(c.model)}`);
+    const choice = c.choices?.[0];
+    if (choice?.message?.role !== 'assistant' || choice.message.content !== PROMPT) problems.push(`message ${JSON.stringify(choice?.message)}`);
+    if (choice?.finish_reason !== 'stop') problems.push(`finish_reason ${JSON.stringify(choice?.finish_reason)}`);
+    const u = c.usage;
+    if (typeof u?.prompt_tokens !== 'number' || u.prompt_tokens <= 0 || typeof u.completion_tokens !== 'number' || u.completion_tokens <= 0 ||
+      u.total_tokens !== u.prompt_tokens + u.completion_tokens) problems.push(`usage ${JSON.stringify(u)}`);
+  } catch {
+    problems.push(`body is not JSON: ${text.slice(0, 200)}`);
+  }
+  return { ok: problems.length === 0, problems, bodyBytes: body.length };
+}
+
+/** Shared state of one timed run. */
+class Run {
+  readonly histogram = new Histogram();
+  readonly statuses = new Map<number, number>();
+  running = false;
+  counted = 0;
+  badBodies = 0;
+  errors = 0;
+  onAbort: () => void = () => {};
+  private conns: Conn[] = [];
+  private drained: (() => void) | null = null;
+
+  constructor(readonly request: Buffer, readonly expectedBytes: number) {}
+
+  start(conns: Conn[]): void {
+    this.conns = conns;
+    this.running = true;
+    for (const c of conns) c.send();
+  }
+
+  done(conn: Conn, status: number, ms: number, bodyBytes: number): void {
+    this.statuses.set(status, (this.statuses.get(status) ?? 0) + 1);
+    if (status === 200 && bodyBytes !== this.expectedBytes) this.badBodies++;
+    if (this.running) {
+      this.histogram.record(ms * 1000);
+      this.counted++;
+      conn.send();
+    } else this.checkDrained();
+  }
+
+  fail(): void {
+    this.errors++;
+    if (this.running) {
+      this.running = false; // a broken connection spoils the run: end it early
+      this.onAbort();
+    }
+    this.checkDrained();
+  }
+
+  stop(): Promise<void> {
+    this.running = false;
+    return new Promise((r) => {
+      this.drained = r;
+      this.checkDrained();
+    });
+  }
+
+  private checkDrained(): void {
+    if (this.drained !== null && !this.conns.some((c) => c.busy)) this.drained();
+  }
+}
+
+/** One keep-alive connection in a closed loop: write the request, parse by content-length. */
+class Conn {
+  busy = false;
+  private dead = false;
+  private pending: Buffer | null = null;
+  private bodyLeft = -1;
+  private status = 0;
+  private length = 0;
+  private sentAt = 0;
+
+  constructor(private readonly socket: Socket, private readonly run: Run) {
+    socket.on('data', (chunk: Buffer) => this.onData(chunk));
+    socket.on('error', () => this.die());
+    socket.on('close', () => this.die());
+  }
+
+  send(): void {
+    this.busy = true;
+    this.sentAt = performance.now();
+    this.socket.write(this.run.request);
+  }
+
+  close(): void {
+    this.dead = true;
+    this.socket.destroy();
+  }
+
+  private die(): void {
+    if (this.dead) return;
+    this.dead = true;
+    this.socket.destroy();
+    this.run.fail();
+  }
+
+  private onData(chunk: Buffer): void {
+    if (!this.busy) return this.die();
+    if (this.bodyLeft >= 0) return this.onBody(chunk.length);
+    const buf = this.pending === null ? chunk : Buffer.concat([this.pending, chunk]);
+    const end = buf.indexOf(HEADER_END);
+    if (end === -1) {
+      this.pending = buf;
+      return;
+    }
+    this.pending = null;
+    this.status = (buf[9]! - 48) * 100 + (buf[10]! - 48) * 10 + (buf[11]! - 48);
+    const length = contentLength(buf, end);
+    if (length < 0) return this.die();
+    this.length = length;
+    this.bodyLeft = length;
+    this.onBody(buf.length - end - 4);
+  }
+
+  private onBody(bytes: number): void {
+    this.bodyLeft -= bytes;
+    if (this.bodyLeft > 0) return;
+    if (this.bodyLeft < 0) return this.die();
+    this.bodyLeft = -1;
+    this.busy = false;
+    this.run.done(this, this.status, performance.now() - this.sentAt, this.length);
+  }
+}
+
+interface LoadResult {
+  rps: number;
+  requests: number;
+  elapsedS: number;
+  p50Us: number;
+  p99Us: number;
+  maxUs: number;
+  /** Every answer by status, the drain after the window included. */
+  statuses: Record<string, number>;
+  /** All 200 answers (window and drain): each is one charge in the ledger. */
+  ok200: number;
+  badBodies: number;
+  errors: number;
+  loaderCpu: number;
+  serverCpu: number | null;
+  /**
+   * CPU used meanwhile by everything else in this VM, in cores: other processes, kernel threads
+   * and softirq (loopback networking, the file system's journal: some of it caused by this run).
+   */
+  otherCpu: number | null;
+  /** CPU time stolen by the hypervisor for other guests of the host meanwhile, in cores. */
+  stealCpu: number | null;
+  /** Server CPU time (user + system, all its threads) per answered request, in microseconds. */
+  cpuUsPerReq: number | null;
+}
+
+async function postLoad(server: Server, connections: number, durationS: number, expectedBytes: number): Promise<LoadResult> {
+  const run = new Run(requestBytes(server.port), expectedBytes);
+  const sockets = await Promise.all(Array.from({ length: connections }, () => openSocket(server.port)));
+  const conns = sockets.map((s) => new Conn(s, run));
+  const t0 = performance.now();
+  const loader0 = process.cpuUsage();
+  const server0 = processCpuS(server.child.pid);
+  const machine0 = machineCpu();
+  await new Promise<void>((resolve_) => {
+    const timer = setTimeout(resolve_, durationS * 1000);
+    run.onAbort = () => {
+      clearTimeout(timer);
+      resolve_();
+    };
+    run.start(conns);
+  });
+  const counted = run.counted;
+  const elapsedS = (performance.now() - t0) / 1000;
+  const loader = process.cpuUsage(loader0);
+  const server1 = processCpuS(server.child.pid);
+  const machine1 = machineCpu();
+  await Promise.race([run.stop(), sleep(5000)]);
+  run.errors += conns.filter((c) => c.busy).length;
+  for (const c of conns) c.close();
+  const h = run.histogram;
+  const serverCpu = server0 === null || server1 === null ? null : (server1 - server0) / elapsedS;
+  const loaderCpu = (loader.user + loader.system) / 1e6 / elapsedS;
+  let otherCpu: number | null = null;
+  let stealCpu: number | null = null;
+  if (machine0 !== null && machine1 !== null && serverCpu !== null) {
+    const cores = cpus().length;
+    const total = Math.max(1, machine1.total - machine0.total);
+    otherCpu = Math.max(0, ((machine1.busy - machine0.busy) / total) * cores - serverCpu - loaderCpu);
+    stealCpu = ((machine1.steal - machine0.steal) / total) * cores;
+  }
+  return {
+    rps: counted / elapsedS, requests: counted, elapsedS,
+    p50Us: h.quantileUs(0.5), p99Us: h.quantileUs(0.99), maxUs: h.maxUs,
+    statuses: Object.fromEntries([...run.statuses].sort((a, b) => a[0] - b[0]).map(([s, n]) => [String(s), n])),
+    ok200: run.statuses.get(200) ?? 0,
+    badBodies: run.badBodies, errors: run.errors,
+    loaderCpu, serverCpu, otherCpu, stealCpu,
+    cpuUsPerReq: serverCpu === null || counted === 0 ? null : (serverCpu * elapsedS * 1e6) / counted,
+  };
+}
+
+const isClean = (r: LoadResult) => r.requests > 0 && r.badBodies === 0 && r.errors === 0 && Object.keys(r.statuses).every((s) => s === '200');
+
+// ---------------------------------------------------------------------------------------------
+// In-process commit costs
+// ---------------------------------------------------------------------------------------------
+
+export function sampleEntry(i: number, accountId: string, createdAt: number, balanceAfterMicro: number | null): LedgerEntry {
+  return {
+    id: `le_${i.toString(36).padStart(10, '0')}`, type: 'charge', accountId, keyId: 'key_bench', amountMicro: -7,
+    balanceAfterMicro, createdAt, requestId: `req_${i.toString(36).padStart(8, '0')}`, model: 'paid',
+    inputTokens: 6, outputTokens: 5, estimated: false, note: null,
+  };
+}
+
+interface CommitCost {
+  syncAppends: number;
+  msPerSyncCommit: number;
+  syncCommits: number;
+  concurrentAppends: number;
+  concurrentMs: number;
+  concurrentCommits: number;
+  recordsPerCommit: number;
+}
+
+async function commitCost(dir: string, syncN: number, concurrentN: number): Promise<CommitCost> {
+  const ledger = await FileLedger.open(dir);
+  let i = 0;
+  // Warm the file and the code path a little before timing.
+  for (let w = 0; w < 20; w++) await ledger.append(sampleEntry(i++, 'acct_bench', Date.now(), null));
+  let s0 = { ...ledger.stats };
+  const t0 = performance.now();
+  let done = 0;
+  for (; done < syncN && performance.now() - t0 < 20_000; done++) await ledger.append(sampleEntry(i++, 'acct_bench', Date.now(), null));
+  const syncMs = performance.now() - t0;
+  const syncCommits = ledger.stats.commits - s0.commits;
+
+  s0 = { ...ledger.stats };
+  const t1 = performance.now();
+  const now = Date.now();
+  await Promise.all(Array.from({ length: concurrentN }, () => ledger.append(sampleEntry(i++, 'acct_bench', now, null))));
+  const concurrentMs = performance.now() - t1;
+  const commits = ledger.stats.commits - s0.commits;
+  const records = ledger.stats.records - s0.records;
+  await ledger.close();
+  return {
+    syncAppends: done, msPerSyncCommit: syncMs / Math.max(1, syncCommits), syncCommits,
+    concurrentAppends: records, concurrentMs, concurrentCommits: commits, recordsPerCommit: records / Math.max(1, commits),
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Main
+// ---------------------------------------------------------------------------------------------
+
+interface Round {
+  memory: LoadResult;
+  file: LoadResult & { commits: number | null; commitRecords: number | null };
+}
+
+async function main(): Promise<number> {
+  process.stdout.on('error', () => {}); // a closed pipe (| head) must not skip the clean-up
+  const flags = parseFlags(process.argv.slice(2));
+  const dir = mkdtempSync(join(tmpdir(), 'mg-ledger-bench-'));
+  const ledgerDir = join(dir, 'ledger');
+  const servers: Server[] = [];
+  const cleanup = async () => {
+    await Promise.all(servers.map(stopServer));
+    rmSync(dir, { recursive: true, force: true });
+  };
+  // Everything stops by itself: a watchdog well past the planned time.
+  const plannedS = 2 * (flags.warmupS + flags.rounds * flags.durationS) + 120;
+  const watchdog = setTimeout(() => {
+    process.stderr.write(`ledger bench: watchdog after ${plannedS} s, stopping\n`);
+    for (const s of servers) s.child.kill('SIGKILL');
+    rmSync(dir, { recursive: true, force: true });
+    process.exit(1);
+  }, plannedS * 1000);
+  watchdog.unref();
+  process.once('SIGINT', () => {
+    void cleanup().finally(() => process.exit(130));
+  });
+
+  try {
+    const probe = join(dir, 'probe.cjs');
+    writeFileSync(probe, probeSource());
+    const config = (ledger: Record<string, string>) => ({
+      server: { host: '127.0.0.1', port: 0, drainDelayMs: 0, drainTimeoutMs: 2000 },
+      ledger,
+      plans: { bench: { rpm: 5_000_000, concurrency: 100_000 } },
+      accounts: { acct_bench: { plan: 'bench', balanceUsd: 1_000_000 } },
+      keys: { key_bench: { account: 'acct_bench', key: KEY } },
+      models: { paid: { provider: 'mock', price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } } },
+      providers: { mock: { protocol: 'mock' } },
+    });
+    writeFileSync(join(dir, 'memory.json'), JSON.stringify(config({ store: 'memory' })));
+    writeFileSync(join(dir, 'file.json'), JSON.stringify(config({ store: 'file', dir: ledgerDir })));
+    const memory = await startServer('memory', ['-r', probe, 'dist/main.js', '--config', join(dir, 'memory.json'), '--port', '0'], dir);
+    servers.push(memory);
+    const file = await startServer('file', ['-r', probe, 'dist/main.js', '--config', join(dir, 'file.json'), '--port', '0'], dir);
+    servers.push(file);
+
+    const cpu = cpus();
+    process.stdout.write(
+      `POST /v1/chat/completions (billable mock model): memory ledger ${memory.url}, file ledger ${file.url} (${ledgerDir})\n` +
+      `node ${process.version}, ${cpu.length} cores (${cpu[0]?.model ?? '?'}), load average ${loadavg().map((x) => x.toFixed(2)).join(' ')}\n` +
+      `${flags.connections} connections, ${flags.rounds} rounds x [memory ${flags.durationS} s, file ${flags.durationS} s], warmup ${flags.warmupS} s each\n`,
+    );
+
+    let ok = true;
+    let file200 = 0;
+    const checks = new Map<string, Check>();
+    for (const s of [memory, file]) {
+      const c = await checkFirst(s.port);
+      checks.set(s.name, c);
+      if (s === file && c.ok) file200++;
+      if (!c.ok) {
+        ok = false;
+        process.stdout.write(`  ${s.name}: correctness check FAILED\n    ${c.problems.join('\n    ')}\n`);
+      }
+    }
+    if (!ok) return 1;
+    process.stdout.write(`first answer checked on both: 200 chat completion, ${checks.get('file')!.bodyBytes} body bytes\n`);
+
+    const runOne = async (s: Server, durationS: number) => {
+      const before = s === file ? await readProbe(s) : null;
+      const r = await postLoad(s, flags.connections, durationS, checks.get(s.name)!.bodyBytes);
+      const after = s === file ? await readProbe(s) : null;
+      if (s === file) file200 += r.ok200;
+      if (!isClean(r)) ok = false;
+      const commits = before !== null && after !== null ? after.commits - before.commits : null;
+      const commitRecords = before !== null && after !== null ? after.records - before.records : null;
+      return { ...r, commits, commitRecords };
+    };
+
+    const HEADER = `  ${'ledger'.padEnd(7)} ${'req/s'.padStart(8)} ${'p50 ms'.padStart(7)} ${'p99 ms'.padStart(7)} ${'max ms'.padStart(7)} ` +
+      `${'cpu/req'.padStart(7)}  ${'cpu srv/gen/other/steal'.padEnd(23)} ${'commits'.padStart(8)} ${'rec/commit'.padStart(10)}  statuses`;
+    const row = (name: string, r: LoadResult & { commits?: number | null; commitRecords?: number | null }) => {
+      const pct = (x: number | null) => (x === null ? '?' : `${Math.round(x * 100)}%`);
+      const cpuText = `${pct(r.serverCpu)}/${pct(r.loaderCpu)}/${pct(r.otherCpu)}/${pct(r.stealCpu)}`;
+      const perCommit = r.commits && r.commitRecords !== null && r.commitRecords !== undefined ? (r.commitRecords / r.commits).toFixed(2) : '';
+      const statuses = Object.entries(r.statuses).map(([s, n]) => `${s}:${n}`);
+      if (r.errors > 0) statuses.push(`errors:${r.errors}`);
+      if (r.badBodies > 0) statuses.push(`bad-bodies:${r.badBodies}`);
+      return `  ${name.padEnd(7)} ${int(r.rps).padStart(8)} ${msText(r.p50Us).padStart(7)} ${msText(r.p99Us).padStart(7)} ${msText(r.maxUs).padStart(7)} ` +
+        `${(r.cpuUsPerReq === null ? '?' : `${r.cpuUsPerReq.toFixed(1)}us`).padStart(7)}  ${cpuText.padEnd(23)} ${(r.commits === null || r.commits === undefined ? '' : int(r.commits)).padStart(8)} ${perCommit.padStart(10)}  ${statuses.join(' ')}`;
+    };
+
+    if (flags.warmupS > 0) {
+      process.stdout.write(`\nwarmup\n${HEADER}\n`);
+      process.stdout.write(`${row('memory', await runOne(memory, flags.warmupS))}\n`);
+      process.stdout.write(`${row('file', await runOne(file, flags.warmupS))}\n`);
+    }
+
+    const rounds: Round[] = [];
+    for (let i = 0; i < flags.rounds && ok; i++) {
+      const m = await runOne(memory, flags.durationS);
+      const f = await runOne(file, flags.durationS);
+      rounds.push({ memory: m, file: f });
+      process.stdout.write(`\nround ${i + 1}: file/memory ${(f.rps / m.rps).toFixed(3)}x\n${HEADER}\n${row('memory', m)}\n${row('file', f)}\n`);
+    }
+    const finalProbe = await readProbe(file);
+
+    // Stop both (SIGTERM: the gateway drains and closes the ledger), then read the journal.
+    await Promise.all(servers.map(stopServer));
+    const journal = journalStats(ledgerDir);
+    const expectedLines = file200 + 1; // every 200 is one charge, plus the account's one-time credit
+    const journalOk = journal.lines === expectedLines;
+    if (!journalOk) ok = false;
+
+    process.stdout.write('\nin-process FileLedger commit cost (gateways stopped)\n');
+    const cost = await commitCost(join(dir, 'inproc'), flags.sync, flags.concurrent);
+    process.stdout.write(
+      `  ${cost.syncAppends} sequential single appends: ${cost.syncCommits} commits, ${cost.msPerSyncCommit.toFixed(3)} ms per write+fdatasync commit\n` +
+      `  ${int(cost.concurrentAppends)} concurrent appends: ${cost.concurrentCommits} commit(s), ${cost.recordsPerCommit.toFixed(0)} records per commit, ${cost.concurrentMs.toFixed(1)} ms in all\n`,
+    );
+
+    const med = (pick: (r: Round) => number) => median(rounds.map(pick));
+    const side = (pick: (r: Round) => LoadResult) => ({
+      rps: Math.round(med((r) => pick(r).rps)),
+      p50Ms: round3(med((r) => pick(r).p50Us) / 1000),
+      p99Ms: round3(med((r) => pick(r).p99Us) / 1000),
+      cpuUsPerReq: rounds.every((r) => pick(r).cpuUsPerReq !== null) ? round3(med((r) => pick(r).cpuUsPerReq!)) : null,
+      otherCpu: rounds.every((r) => pick(r).otherCpu !== null) ? round3(med((r) => pick(r).otherCpu!)) : null,
+      stealCpu: rounds.every((r) => pick(r).stealCpu !== null) ? round3(med((r) => pick(r).stealCpu!)) : null,
+    });
+    const summary = rounds.length === 0 ? null : { memory: side((r) => r.memory), file: side((r) => r.file) };
+    const perCommit = rounds.filter((r) => r.file.commits !== null && r.file.commits > 0).map((r) => r.file.commitRecords! / r.file.commits!);
+    const ratio = summary === null ? null : summary.file.rps / summary.memory.rps;
+    const pairedRatio = rounds.length === 0 ? null : median(rounds.map((r) => r.file.rps / r.memory.rps));
+    if (summary !== null) {
+      process.stdout.write(
+        `\nsummary: medians of ${rounds.length} rounds, ${flags.connections} connections\n` +
+        `  ${'ledger'.padEnd(7)} ${'req/s'.padStart(8)} ${'p50 ms'.padStart(7)} ${'p99 ms'.padStart(7)} ${'cpu/req'.padStart(7)}  other/steal cpu\n` +
+        ([['memory', summary.memory], ['file', summary.file]] as const).map(([name, x]) => `  ${name.padEnd(7)} ${int(x.rps).padStart(8)} ${x.p50Ms.toFixed(2).padStart(7)} ` +
+          `${x.p99Ms.toFixed(2).padStart(7)} ${(x.cpuUsPerReq === null ? '?' : `${x.cpuUsPerReq.toFixed(1)}us`).padStart(7)}  ${x.otherCpu === null ? '?' : `${Math.round(x.otherCpu * 100)}%`}/${x.stealCpu === null ? '?' : `${Math.round(x.stealCpu * 100)}%`}\n`).join('') +
+        `  file/memory throughput ${ratio!.toFixed(3)}x (target >= ${TARGET_RATIO}: ${ratio! >= TARGET_RATIO ? 'met' : 'NOT met'}); ` +
+        `paired per round ${pairedRatio!.toFixed(3)}x\n` +
+        `  file ledger under load: ${perCommit.length > 0 ? median(perCommit).toFixed(2) : '?'} records per group commit (median of rounds)` +
+        `${finalProbe === null ? '' : `; whole run ${int(finalProbe.records)} records in ${int(finalProbe.commits)} commits`}\n`,
+      );
+    }
+    const disturbed = (x: LoadResult) => (x.otherCpu !== null && x.otherCpu > 0.25) || (x.stealCpu !== null && x.stealCpu > 0.1);
+    const contended = rounds.flatMap((r, i) => (disturbed(r.memory) || disturbed(r.file) ? [i + 1] : []));
+    if (contended.length > 0) {
+      process.stdout.write(`  NOTE: round(s) ${contended.join(', ')} shared the CPU (other processes > 25% of a core, or hypervisor steal > 10%): ` +
+        'those figures are disturbed; rerun when the machine and its host are quiet\n');
+    }
+    process.stdout.write(
+      `  journal: ${journal.segments} segment(s), ${int(journal.lines)} records, ${int(journal.bytes)} bytes; ` +
+      `expected ${int(expectedLines)} (200 answers + 1 credit): ${journalOk ? 'match' : 'MISMATCH'}\n`,
+    );
+    if (!ok) process.stdout.write('\nFAILED: an answer was not a correct 200, or the journal does not hold every charge (see above)\n');
+    process.stdout.write(`${JSON.stringify({
+      bench: 'ledger: POST /v1/chat/completions, file vs memory ledger', ok, node: process.version, cores: cpu.length,
+      date: new Date().toISOString(), connections: flags.connections, rounds: rounds.length, durationS: flags.durationS,
+      medians: summary, ratio: ratio === null ? null : round3(ratio), pairedRatio: pairedRatio === null ? null : round3(pairedRatio),
+      ratioMet: ratio === null ? null : ratio >= TARGET_RATIO,
+      contendedRounds: contended,
+      recordsPerCommitUnderLoad: perCommit.length > 0 ? round3(median(perCommit)) : null,
+      wholeRun: finalProbe, journal: { ...journal, expected: expectedLines, match: journalOk },
+      inProcess: {
+        ...cost, msPerSyncCommit: round3(cost.msPerSyncCommit), concurrentMs: round3(cost.concurrentMs), recordsPerCommit: round3(cost.recordsPerCommit),
+      },
+    })}\n`);
+    return ok ? 0 : 1;
+  } finally {
+    await cleanup();
+    clearTimeout(watchdog);
+  }
+}
+
+if (require.main === module) {
+  main().then((code) => {
+    process.exitCode = code;
+  }, (err: unknown) => {
+    process.stderr.write(`ledger bench failed: ${(err as Error)?.stack ?? String(err)}\n`);
+    process.exitCode = 1;
+  });
+}
