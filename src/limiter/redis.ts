@@ -83,11 +83,7 @@ export class RedisLimiter implements Limiter {
         reconnectStrategy: (retries: number) => Math.min(50 * 2 ** retries, 1000),
       },
     }) as RedisClientType;
-    this.client.on('error', (err: Error) => {
-      const now = Date.now();
-      if (now - this.lastError > 5000) this.logger?.warn('redis limiter store error', { error: err.message });
-      this.lastError = now;
-    });
+    this.client.on('error', (err: Error) => this.warn('redis limiter store error', err));
     this.client.connect().catch(() => { /* reconnects by itself; requests fail closed meanwhile */ });
     this.renewTimer = setInterval(() => this.renewAll(), Math.max(100, Math.floor(this.leaseMs / 3)));
     this.renewTimer.unref();
@@ -203,7 +199,11 @@ export class RedisLimiter implements Limiter {
     });
   }
 
-  /** EVALSHA with a deadline; loads the script on NOSCRIPT. Any failure is a 503 limiter_unavailable. */
+  /**
+   * EVALSHA (loading the script on NOSCRIPT) with a deadline of `timeoutMs` (the client's own
+   * command timeout does not cover a Redis that stops answering mid-connection). Any failure
+   * is a 503 limiter_unavailable.
+   */
   private eval(s: Script, keys: string[], args: string[]): Promise<unknown> {
     if (!this.client.isReady) return Promise.reject(new GatewayError('limiter_unavailable', { retryAfterS: 1 }));
     const call = this.client.evalSha(s.sha, { keys, arguments: args }).catch((err: Error) => {
@@ -217,10 +217,17 @@ export class RedisLimiter implements Limiter {
         resolve(value);
       }, (err: Error) => {
         clearTimeout(timer);
-        this.logger?.warn('redis limiter command failed', { error: err.message });
+        this.warn('redis limiter command failed', err);
         reject(new GatewayError('limiter_unavailable', { retryAfterS: 1 }));
       });
     });
+  }
+
+  /** At most one warning per 5 s: an outage must not flood the log. */
+  private warn(msg: string, err: Error): void {
+    const now = Date.now();
+    if (now - this.lastError > 5000) this.logger?.warn(msg, { error: err.message });
+    this.lastError = now;
   }
 
   /** Extends every live ticket's leases (node-redis pipelines the calls made in one tick). */

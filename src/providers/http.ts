@@ -201,8 +201,8 @@ export class HttpProvider implements Provider {
       for (const event of splitter.push(chunk)) {
         const seen = watcher.see(event);
         if (seen.final) {
-          // The final event leaves only after the charge is settled.
-          res.removeAllListeners('end');
+          // The final event leaves only after the charge is settled. The rest of the provider's
+          // answer is read and dropped (ended is set), so its socket returns to the pool.
           if (out !== '') ex.res.write(out);
           endWith(seen.forward ? event : '');
           res.resume();

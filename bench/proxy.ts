@@ -1,0 +1,469 @@
+/**
+ * The gateway as a proxy in front of an OpenAI-compatible provider, against the least work any
+ * Node proxy can do (issue "Real providers", item 9).
+ *
+ *   npm run build && node --import tsx bench/proxy.ts [--rounds 5] [--duration 4] [--connections 32]
+ *     [--rate 500] [--latency-rounds 2] [--latency-duration 5] [--stream-rate 200] [--stream-rounds 2] [--stream-duration 4]
+ *
+ * Three child processes on 127.0.0.1, besides the load generator (this process):
+ *   provider  a fake OpenAI-compatible provider (this file, --role provider): POST
+ *             /v1/chat/completions, checks the key and the upstream model, answers a fixed
+ *             completion with `usage`; streamed: the first chunk at once, then after 2 ms three
+ *             more chunks, a usage chunk and `data: [DONE]`
+ *   proxy     the bare baseline (this file, --role proxy): node:http, reads the body, swaps
+ *             `model` and the key, forwards on a keep-alive http.Agent, relays the answer and
+ *             reads `usage` out of it. No auth, no limits, no log, no metering.
+ *   gateway   dist/main.js, a billable model on an `openai` provider at the fake, memory
+ *             limiter and ledger, limits never reached, access log on (to a file).
+ *
+ * Phases:
+ *   1. closed loop, non-streaming, proxy vs gateway alternating (order rotates each round):
+ *      throughput and server CPU time per request (/proc/PID/stat)
+ *   2. open loop at a fixed rate, non-streaming: latency direct to the provider, through the
+ *      proxy, through the gateway -> added latency at p50 and p99
+ *   3. open loop, streaming: time to first token (first SSE event) direct / proxy / gateway
+ * Prints tables and a final JSON line. Exits 1 when any answer is not a correct 200.
+ */
+import { hash, randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { Agent, createServer, request as httpRequest, type IncomingMessage } from 'node:http';
+import type { AddressInfo, Socket } from 'node:net';
+import { cpus, tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { Histogram } from './load.js';
+import {
+  closedLoop, fmtInt, fmtMs, machineCpu, median, non200, once, openLoop, rawRequest, startChild, stopChild, waitForQuiet, watchOthers,
+  type Child, type RunResult,
+} from './rawhttp.js';
+
+const ROOT = resolve(__dirname, '..');
+const UPSTREAM_MODEL = 'gpt-upstream-bench';
+const CLIENT_MODEL = 'gpt-bench';
+const STREAM_GAP_MS = 2;
+const TARGET_THROUGHPUT = 0.85;
+const TARGET_ADDED_P50_MS = 0.3;
+const TARGET_ADDED_P99_MS = 1;
+const TARGET_ADDED_TTFT_MS = 0.5;
+
+// ---------------------------------------------------------------------------------------------
+// Roles run as child processes
+// ---------------------------------------------------------------------------------------------
+
+const COMPLETION = JSON.stringify({
+  id: 'chatcmpl-bench', object: 'chat.completion', created: 1_763_769_600, model: UPSTREAM_MODEL,
+  choices: [{ index: 0, message: { role: 'assistant', content: 'Hello! How can I help you today?' }, logprobs: null, finish_reason: 'stop' }],
+  usage: { prompt_tokens: 12, completion_tokens: 9, total_tokens: 21 },
+  system_fingerprint: 'fp_bench',
+});
+
+function chunkEvent(content: string | null, finish: string | null): string {
+  return `data: ${JSON.stringify({
+    id: 'chatcmpl-bench', object: 'chat.completion.chunk', created: 1_763_769_600, model: UPSTREAM_MODEL,
+    choices: [{ index: 0, delta: content === null ? {} : { content }, logprobs: null, finish_reason: finish }],
+  })}\n\n`;
+}
+const FIRST_EVENT = chunkEvent('Hello', null);
+const REST_EVENTS = [chunkEvent('! How can I', null), chunkEvent(' help you today?', null), chunkEvent(null, 'stop')].join('') +
+  `data: ${JSON.stringify({ id: 'chatcmpl-bench', object: 'chat.completion.chunk', created: 1_763_769_600, model: UPSTREAM_MODEL, choices: [], usage: { prompt_tokens: 12, completion_tokens: 9, total_tokens: 21 } })}\n\n`;
+const DONE_EVENT = 'data: [DONE]\n\n';
+/** What a client receives for one stream (when it asked for usage, as this bench's clients do). */
+const STREAM_BODY = FIRST_EVENT + REST_EVENTS + DONE_EVENT;
+
+function listening(server: ReturnType<typeof createServer>): void {
+  server.listen(0, '127.0.0.1', () => {
+    const { port } = server.address() as AddressInfo;
+    process.stdout.write(`${JSON.stringify({ msg: 'listening', url: `http://127.0.0.1:${port}` })}\n`);
+  });
+  const stop = () => {
+    server.close(() => process.exit(0));
+    server.closeAllConnections();
+  };
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+}
+
+function runProvider(key: string): void {
+  const body = Buffer.from(COMPLETION);
+  const length = String(body.length);
+  let n = 0;
+  let connections = 0;
+  let open = 0;
+  const server = createServer({ keepAliveTimeout: 65_000 }, (req, res) => {
+    if (req.method === 'GET' && req.url === '/stats') {
+      // For the bench: how many TCP connections callers opened (keep-alive reuse, or not).
+      const stats = JSON.stringify({ connections, open });
+      res.writeHead(200, ['content-type', 'application/json', 'content-length', String(stats.length)]);
+      return void res.end(stats);
+    }
+    if (req.method !== 'POST' || req.url !== '/v1/chat/completions') return void res.writeHead(404, ['content-length', '0']).end();
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      const id = `req_up_${(++n).toString(36)}`;
+      let parsed: { model?: unknown; stream?: unknown } = {};
+      try {
+        parsed = JSON.parse(Buffer.concat(chunks).toString('utf8')) as typeof parsed;
+      } catch {
+        res.writeHead(400).end('{"error":{"message":"bad json"}}');
+        return;
+      }
+      if (req.headers.authorization !== `Bearer ${key}`) return void res.writeHead(401).end('{"error":{"message":"bad key"}}');
+      if (parsed.model !== UPSTREAM_MODEL) return void res.writeHead(400).end('{"error":{"message":"bad model"}}');
+      if (parsed.stream === true) {
+        res.writeHead(200, ['content-type', 'text/event-stream; charset=utf-8', 'cache-control', 'no-cache', 'x-request-id', id]);
+        res.write(FIRST_EVENT);
+        setTimeout(() => {
+          res.write(REST_EVENTS);
+          res.end(DONE_EVENT);
+        }, STREAM_GAP_MS);
+        return;
+      }
+      res.writeHead(200, ['content-type', 'application/json', 'content-length', length, 'x-request-id', id, 'openai-processing-ms', '1']);
+      res.end(body);
+    });
+  });
+  server.on('connection', (socket: Socket) => {
+    connections++;
+    open++;
+    socket.on('close', () => open--);
+  });
+  listening(server);
+}
+
+/** The least work a Node proxy can do for this call; it still reads `usage` (what metering needs). */
+function runProxy(upstreamPort: number, key: string): void {
+  const agent = new Agent({ keepAlive: true, maxSockets: 1024, scheduling: 'lifo' });
+  let usageSeen = 0;
+  const usageOf = (text: string): void => {
+    const at = text.indexOf('"usage":{');
+    if (at === -1) return;
+    const end = text.indexOf('}', at);
+    const usage = JSON.parse(text.slice(at + 8, end + 1)) as { completion_tokens?: number };
+    usageSeen += usage.completion_tokens ?? 0;
+  };
+  const server = createServer({ keepAliveTimeout: 65_000 }, (req, res) => {
+    const chunks: Buffer[] = [];
+    req.on('data', (c: Buffer) => chunks.push(c));
+    req.on('end', () => {
+      let body: Record<string, unknown>;
+      try {
+        body = JSON.parse(Buffer.concat(chunks).toString('utf8')) as Record<string, unknown>;
+      } catch {
+        res.writeHead(400).end();
+        return;
+      }
+      body.model = UPSTREAM_MODEL;
+      const out = Buffer.from(JSON.stringify(body));
+      const up = httpRequest({
+        host: '127.0.0.1', port: upstreamPort, path: '/v1/chat/completions', method: 'POST', agent,
+        headers: { 'content-type': 'application/json', 'content-length': String(out.length), authorization: `Bearer ${key}` },
+      }, (ur: IncomingMessage) => {
+        const type = ur.headers['content-type'] ?? 'application/json';
+        if (type.startsWith('text/event-stream')) {
+          res.writeHead(ur.statusCode ?? 502, ['content-type', type, 'cache-control', 'no-cache']);
+          ur.on('data', (c: Buffer) => {
+            usageOf(c.toString('utf8'));
+            res.write(c);
+          });
+          ur.on('end', () => res.end());
+          return;
+        }
+        const parts: Buffer[] = [];
+        ur.on('data', (c: Buffer) => parts.push(c));
+        ur.on('end', () => {
+          const answer = Buffer.concat(parts);
+          usageOf(answer.toString('utf8'));
+          res.writeHead(ur.statusCode ?? 502, ['content-type', type, 'content-length', String(answer.length)]);
+          res.end(answer);
+        });
+      });
+      up.on('error', () => {
+        if (!res.headersSent) res.writeHead(502);
+        res.end();
+      });
+      up.end(out);
+    });
+  });
+  listening(server);
+  process.on('exit', () => process.stderr.write(`proxy: ${usageSeen} completion tokens seen\n`));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The run
+// ---------------------------------------------------------------------------------------------
+
+interface Flags {
+  rounds: number;
+  durationS: number;
+  connections: number;
+  warmupS: number;
+  rate: number;
+  latencyRounds: number;
+  latencyDurationS: number;
+  streamRate: number;
+  streamRounds: number;
+  streamDurationS: number;
+}
+
+function parseFlags(argv: string[]): Flags {
+  const flags: Flags = {
+    rounds: 5, durationS: 4, connections: 32, warmupS: 2, rate: 500, latencyRounds: 2, latencyDurationS: 5,
+    streamRate: 100, streamRounds: 2, streamDurationS: 4,
+  };
+  const names: Record<string, keyof Flags> = {
+    '--rounds': 'rounds', '--duration': 'durationS', '--connections': 'connections', '--warmup': 'warmupS', '--rate': 'rate',
+    '--latency-rounds': 'latencyRounds', '--latency-duration': 'latencyDurationS', '--stream-rate': 'streamRate',
+    '--stream-rounds': 'streamRounds', '--stream-duration': 'streamDurationS',
+  };
+  for (let i = 0; i < argv.length; i++) {
+    const [name, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
+    const field = names[name];
+    const value = Number(inline ?? argv[++i]);
+    if (field === undefined || !Number.isFinite(value) || value <= 0) {
+      process.stderr.write(`usage: proxy.ts [${Object.keys(names).map((n) => `${n} N`).join('] [')}]\nbad argument: ${name}\n`);
+      process.exit(2);
+    }
+    flags[field] = value;
+  }
+  return flags;
+}
+
+type Target = 'direct' | 'proxy' | 'gateway';
+
+/** CPU microseconds per answered request of one process over a run. */
+const perReq = (r: RunResult, name: string): number | null => {
+  const s = r.cpuS[name];
+  return s === null || s === undefined || r.requests === 0 ? null : (s * 1e6) / r.requests;
+};
+
+function statusText(r: RunResult): string {
+  const parts = Object.entries(r.statuses).map(([s, n]) => `${s}:${n}`);
+  if (r.errors > 0) parts.push(`errors:${r.errors}`);
+  if (r.badBodies > 0) parts.push(`bad:${r.badBodies}`);
+  if (r.queued > 0) parts.push(`queued:${r.queued}`);
+  return parts.join(' ');
+}
+
+function merge(hs: Histogram[]): Histogram {
+  const m = new Histogram();
+  for (const h of hs) {
+    for (let i = 0; i < h.counts.length; i++) m.counts[i]! += h.counts[i]!;
+    m.total += h.total;
+    m.maxUs = Math.max(m.maxUs, h.maxUs);
+  }
+  return m;
+}
+
+function rotate<T>(xs: T[], by: number): T[] {
+  return xs.map((_, i) => xs[(i + by) % xs.length]!);
+}
+
+async function main(): Promise<number> {
+  const flags = parseFlags(process.argv.slice(2));
+  const dir = mkdtempSync(join(tmpdir(), 'mg-bench-proxy-'));
+  const children: Child[] = [];
+  const cleanup = async () => {
+    await Promise.all(children.map((c) => stopChild(c.child)));
+    rmSync(dir, { recursive: true, force: true });
+  };
+  process.once('SIGINT', () => void cleanup().finally(() => process.exit(130)));
+  let bad = 0;
+  try {
+    await waitForQuiet('proxy.ts');
+    const others = watchOthers();
+    const providerKey = `sk-upstream-${randomBytes(12).toString('hex')}`;
+    const clientKey = `sk-bench-${randomBytes(16).toString('hex')}`;
+    const self = ['--import', 'tsx', __filename];
+    const provider = await startChild('provider', process.execPath, [...self, '--role', 'provider', '--key', providerKey], dir, { cwd: ROOT });
+    children.push(provider);
+    const proxy = await startChild('proxy', process.execPath, [...self, '--role', 'proxy', '--key', providerKey, '--upstream', String(provider.port)], dir, { cwd: ROOT });
+    children.push(proxy);
+    const config = {
+      server: { host: '127.0.0.1', port: 0, drainDelayMs: 0, drainTimeoutMs: 2000 },
+      limiter: { store: 'memory' },
+      ledger: { store: 'memory' },
+      plans: { bench: { rpm: 2_000_000, concurrency: 100_000, dailyCapUsd: 'unlimited' } },
+      accounts: { acct_bench: { plan: 'bench' } },
+      keys: { key_bench: { account: 'acct_bench', sha256: hash('sha256', clientKey) } },
+      models: { [CLIENT_MODEL]: { provider: 'fake', upstreamModel: UPSTREAM_MODEL, price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } } },
+      providers: { fake: { protocol: 'openai', baseUrl: `http://127.0.0.1:${provider.port}/v1`, apiKeyEnv: 'BENCH_PROVIDER_KEY' } },
+    };
+    const configFile = join(dir, 'gateway.json');
+    writeFileSync(configFile, JSON.stringify(config));
+    const gateway = await startChild('gateway', process.execPath, ['dist/main.js', '--config', configFile, '--port', '0'], dir, {
+      cwd: ROOT, env: { ...process.env, BENCH_PROVIDER_KEY: providerKey },
+    });
+    children.push(gateway);
+
+    // The same call three ways: the client's model and key, except direct, which speaks to the provider itself.
+    const messages = [{ role: 'system', content: 'You are a helpful assistant.' }, { role: 'user', content: 'Say hello to the benchmark.' }];
+    const bodyFor = (model: string, stream: boolean) =>
+      JSON.stringify(stream ? { model, messages, max_tokens: 32, stream: true, stream_options: { include_usage: true } } : { model, messages, max_tokens: 32 });
+    const portOf: Record<Target, number> = { direct: provider.port, proxy: proxy.port, gateway: gateway.port };
+    const req = (t: Target, stream: boolean) => rawRequest('POST', portOf[t], '/v1/chat/completions', {
+      authorization: `Bearer ${t === 'direct' ? providerKey : clientKey}`, 'content-type': 'application/json',
+    }, bodyFor(t === 'direct' ? UPSTREAM_MODEL : CLIENT_MODEL, stream));
+    const pidOf: Record<Target, number> = { direct: provider.pid, proxy: proxy.pid, gateway: gateway.pid };
+
+    // Correctness: each way answers 200 with the provider's completion, plain and streamed.
+    for (const t of ['direct', 'proxy', 'gateway'] as Target[]) {
+      const plain = await once(portOf[t], req(t, false));
+      if (plain.status !== 200 || plain.body!.toString('utf8') !== COMPLETION) {
+        throw new Error(`${t}: plain call answered ${plain.status}: ${plain.body?.toString('utf8').slice(0, 300)}`);
+      }
+      const streamed = await once(portOf[t], req(t, true));
+      if (streamed.status !== 200 || !streamed.chunked || streamed.body!.toString('utf8') !== STREAM_BODY) {
+        throw new Error(`${t}: streamed call answered ${streamed.status}: ${streamed.body?.toString('utf8').slice(0, 500)}`);
+      }
+    }
+    const streamOk = (b: Buffer) => b.length === Buffer.byteLength(STREAM_BODY) && b.toString('utf8').endsWith(DONE_EVENT);
+    const plainBytes = Buffer.byteLength(COMPLETION);
+
+    const cpu = cpus();
+    const steal0 = machineCpu();
+    process.stdout.write(`proxy bench: node ${process.version}, ${cpu.length} CPU (${cpu[0]?.model ?? '?'}), ${new Date().toISOString()}\n`);
+
+    // 1. Closed loop: proxy vs gateway.
+    process.stdout.write(`\n1. closed loop, non-streaming: ${flags.connections} connections, ${flags.rounds} rounds x ${flags.durationS} s per target\n`);
+    const closedTargets: Target[] = ['proxy', 'gateway'];
+    for (const t of closedTargets) {
+      await closedLoop({ port: portOf[t], requests: [req(t, false)], durationS: flags.warmupS, connections: flags.connections, expectBytes: plainBytes });
+    }
+    const closed: Record<string, RunResult[]> = { proxy: [], gateway: [] };
+    process.stdout.write(`  ${'round'.padEnd(6)}${'target'.padEnd(9)}${'req/s'.padStart(9)}${'p50 ms'.padStart(9)}${'p99 ms'.padStart(9)}${'srv us/req'.padStart(12)}${'prov us/req'.padStart(13)}${'gen us/req'.padStart(12)}  statuses\n`);
+    for (let r = 0; r < flags.rounds; r++) {
+      for (const t of rotate(closedTargets, r)) {
+        const res = await closedLoop({
+          port: portOf[t], requests: [req(t, false)], durationS: flags.durationS, connections: flags.connections, expectBytes: plainBytes,
+          watch: { server: pidOf[t], provider: provider.pid },
+        });
+        closed[t]!.push(res);
+        bad += non200(res);
+        process.stdout.write(`  ${String(r + 1).padEnd(6)}${t.padEnd(9)}${fmtInt(res.rps).padStart(9)}${fmtMs(res.total.quantileUs(0.5)).padStart(9)}${fmtMs(res.total.quantileUs(0.99)).padStart(9)}` +
+          `${(perReq(res, 'server') ?? NaN).toFixed(1).padStart(12)}${(perReq(res, 'provider') ?? NaN).toFixed(1).padStart(13)}${((res.loaderCpuS * 1e6) / res.requests).toFixed(1).padStart(12)}  ${statusText(res)}\n`);
+      }
+    }
+    const med = (t: string, f: (r: RunResult) => number) => median(closed[t]!.map(f));
+    const rps = { proxy: med('proxy', (r) => r.rps), gateway: med('gateway', (r) => r.rps) };
+    const cpuReq = { proxy: med('proxy', (r) => perReq(r, 'server')!), gateway: med('gateway', (r) => perReq(r, 'server')!) };
+    const provReq = median([...closed.proxy!, ...closed.gateway!].map((r) => perReq(r, 'provider')!));
+    const pairedRps = median(closed.proxy!.map((p, i) => closed.gateway![i]!.rps / p.rps));
+    const pairedCpu = median(closed.proxy!.map((p, i) => perReq(closed.gateway![i]!, 'server')! / perReq(p, 'server')!));
+    const throughputRatio = rps.gateway / rps.proxy;
+    process.stdout.write(`  medians: proxy ${fmtInt(rps.proxy)} req/s, ${cpuReq.proxy.toFixed(1)} us CPU/req; gateway ${fmtInt(rps.gateway)} req/s, ${cpuReq.gateway.toFixed(1)} us CPU/req; provider ${provReq.toFixed(1)} us CPU/req\n`);
+    others.endPhase('1 closed loop');
+    process.stdout.write(`  gateway / proxy: throughput ${throughputRatio.toFixed(3)}x (target >= ${TARGET_THROUGHPUT}: ${throughputRatio >= TARGET_THROUGHPUT ? 'met' : 'NOT met'}), paired per round ${pairedRps.toFixed(3)}x; server CPU per request ${(cpuReq.gateway / cpuReq.proxy).toFixed(2)}x (paired ${pairedCpu.toFixed(2)}x, +${(cpuReq.gateway - cpuReq.proxy).toFixed(1)} us)\n`);
+
+    // 2. Open loop latency, non-streaming.
+    const all: Target[] = ['direct', 'proxy', 'gateway'];
+    process.stdout.write(`\n2. open loop, non-streaming: ${flags.rate} req/s, ${flags.latencyRounds} rounds x ${flags.latencyDurationS} s per target\n`);
+    for (const t of all) await openLoop({ port: portOf[t], requests: [req(t, false)], durationS: 1, ratePerS: flags.rate, pool: 64, expectBytes: plainBytes });
+    const lat: Record<string, RunResult[]> = { direct: [], proxy: [], gateway: [] };
+    process.stdout.write(`  ${'round'.padEnd(6)}${'target'.padEnd(9)}${'sent'.padStart(7)}${'p50 ms'.padStart(9)}${'p99 ms'.padStart(9)}${'p99.9 ms'.padStart(10)}${'max ms'.padStart(9)}  statuses\n`);
+    for (let r = 0; r < flags.latencyRounds; r++) {
+      for (const t of rotate(all, r)) {
+        const res = await openLoop({ port: portOf[t], requests: [req(t, false)], durationS: flags.latencyDurationS, ratePerS: flags.rate, pool: 64, expectBytes: plainBytes });
+        lat[t]!.push(res);
+        bad += non200(res);
+        process.stdout.write(`  ${String(r + 1).padEnd(6)}${t.padEnd(9)}${String(res.sent).padStart(7)}${fmtMs(res.total.quantileUs(0.5)).padStart(9)}${fmtMs(res.total.quantileUs(0.99)).padStart(9)}` +
+          `${fmtMs(res.total.quantileUs(0.999)).padStart(10)}${fmtMs(res.total.maxUs).padStart(9)}  ${statusText(res)}\n`);
+      }
+    }
+    const latency = Object.fromEntries(all.map((t) => {
+      const h = merge(lat[t]!.map((r) => r.total));
+      return [t, { p50Us: h.quantileUs(0.5), p99Us: h.quantileUs(0.99), p999Us: h.quantileUs(0.999), n: h.total,
+        roundP50Us: median(lat[t]!.map((r) => r.total.quantileUs(0.5))), roundP99Us: median(lat[t]!.map((r) => r.total.quantileUs(0.99))) }];
+    })) as Record<Target, { p50Us: number; p99Us: number; p999Us: number; n: number; roundP50Us: number; roundP99Us: number }>;
+    const added = (t: Target, q: 'p50Us' | 'p99Us') => (latency[t][q] - latency.direct[q]) / 1000;
+    for (const t of ['proxy', 'gateway'] as Target[]) {
+      process.stdout.write(`  ${t}: p50 ${fmtMs(latency[t].p50Us)} ms (+${added(t, 'p50Us').toFixed(3)} ms over direct ${fmtMs(latency.direct.p50Us)}), ` +
+        `p99 ${fmtMs(latency[t].p99Us)} ms (+${added(t, 'p99Us').toFixed(3)} ms over direct ${fmtMs(latency.direct.p99Us)}), all ${latency[t].n} requests of its rounds\n`);
+    }
+    others.endPhase('2 open-loop latency');
+    const addP50 = added('gateway', 'p50Us');
+    const addP99 = added('gateway', 'p99Us');
+    process.stdout.write(`  gateway added latency: p50 +${addP50.toFixed(3)} ms (target <= ${TARGET_ADDED_P50_MS}: ${addP50 <= TARGET_ADDED_P50_MS ? 'met' : 'NOT met'}), ` +
+      `p99 +${addP99.toFixed(3)} ms (target <= ${TARGET_ADDED_P99_MS}: ${addP99 <= TARGET_ADDED_P99_MS ? 'met' : 'NOT met'}); over the bare proxy: p50 +${((latency.gateway.p50Us - latency.proxy.p50Us) / 1000).toFixed(3)} ms, p99 +${((latency.gateway.p99Us - latency.proxy.p99Us) / 1000).toFixed(3)} ms\n`);
+
+    // 3. Streams: time to first token.
+    process.stdout.write(`\n3. open loop, streaming: ${flags.streamRate} streams/s, ${flags.streamRounds} rounds x ${flags.streamDurationS} s per target; TTFT = write to first SSE event\n`);
+    // Each stream the gateway relays leaves its upstream connection out of the agent's pool (see
+    // bench/MORE.md), so after 1024 streams (the agent's maxSockets) every call to the provider
+    // would wait for timeoutMs. Stay below that; count the connections the provider accepts.
+    const gatewayStreams = 1 + flags.streamRate * (1 + flags.streamRounds * flags.streamDurationS);
+    if (gatewayStreams > 1000) throw new Error(`${gatewayStreams} streams through one gateway: keep --stream-rate x (1 + rounds x duration) under 1000`);
+    const providerConnections = async () => {
+      const a = await once(provider.port, rawRequest('GET', provider.port, '/stats', {}));
+      return (JSON.parse(a.body!.toString('utf8')) as { connections: number }).connections - 1; // less this request's own
+    };
+    const opened: Record<Target, number> = { direct: 0, proxy: 0, gateway: 0 };
+    for (const t of all) await openLoop({ port: portOf[t], requests: [req(t, true)], durationS: 1, ratePerS: flags.streamRate, pool: 64, check: streamOk });
+    const str: Record<string, RunResult[]> = { direct: [], proxy: [], gateway: [] };
+    process.stdout.write(`  ${'round'.padEnd(6)}${'target'.padEnd(9)}${'sent'.padStart(7)}${'ttft p50'.padStart(10)}${'ttft p99'.padStart(10)}${'end p50'.padStart(10)}${'end p99'.padStart(10)}  statuses\n`);
+    for (let r = 0; r < flags.streamRounds; r++) {
+      for (const t of rotate(all, r)) {
+        const c0 = await providerConnections();
+        const res = await openLoop({ port: portOf[t], requests: [req(t, true)], durationS: flags.streamDurationS, ratePerS: flags.streamRate, pool: 64, check: streamOk });
+        opened[t] += (await providerConnections()) - c0 - 1; // less the first reading's own connection
+        str[t]!.push(res);
+        bad += non200(res);
+        process.stdout.write(`  ${String(r + 1).padEnd(6)}${t.padEnd(9)}${String(res.sent).padStart(7)}${fmtMs(res.first.quantileUs(0.5)).padStart(10)}${fmtMs(res.first.quantileUs(0.99)).padStart(10)}` +
+          `${fmtMs(res.total.quantileUs(0.5)).padStart(10)}${fmtMs(res.total.quantileUs(0.99)).padStart(10)}  ${statusText(res)}\n`);
+      }
+    }
+    others.endPhase('3 streams');
+    const ttft = Object.fromEntries(all.map((t) => {
+      const h = merge(str[t]!.map((r) => r.first));
+      const e = merge(str[t]!.map((r) => r.total));
+      return [t, { p50Us: h.quantileUs(0.5), p99Us: h.quantileUs(0.99), endP50Us: e.quantileUs(0.5), n: h.total }];
+    })) as Record<Target, { p50Us: number; p99Us: number; endP50Us: number; n: number }>;
+    const addTtft = (ttft.gateway.p50Us - ttft.direct.p50Us) / 1000;
+    for (const t of ['proxy', 'gateway'] as Target[]) {
+      process.stdout.write(`  ${t}: TTFT p50 ${fmtMs(ttft[t].p50Us)} ms (+${((ttft[t].p50Us - ttft.direct.p50Us) / 1000).toFixed(3)} ms over direct ${fmtMs(ttft.direct.p50Us)}), ` +
+        `p99 ${fmtMs(ttft[t].p99Us)} ms (+${((ttft[t].p99Us - ttft.direct.p99Us) / 1000).toFixed(3)} ms over direct ${fmtMs(ttft.direct.p99Us)})\n`);
+    }
+    const streamsOf = (t: Target) => str[t]!.reduce((n, r) => n + r.sent, 0);
+    process.stdout.write(`  new upstream connections the provider accepted per stream: proxy ${(opened.proxy / streamsOf('proxy')).toFixed(3)}, gateway ${(opened.gateway / streamsOf('gateway')).toFixed(3)}\n`);
+    process.stdout.write(`  gateway added TTFT at p50: +${addTtft.toFixed(3)} ms (target <= ${TARGET_ADDED_TTFT_MS}: ${addTtft <= TARGET_ADDED_TTFT_MS ? 'met' : 'NOT met'})\n`);
+
+    const steal1 = machineCpu();
+    const steal = steal0 !== null && steal1 !== null && steal1.total > steal0.total ? (steal1.steal - steal0.steal) / (steal1.total - steal0.total) : null;
+    process.stdout.write(`\nCPU steal by other guests over the run: ${steal === null ? '?' : `${Math.round(steal * 100)}%`}; phases during which another bench (bench/ledger*) ran: ${others.disturbed().join(', ') || 'none'}; non-200 / bad answers: ${bad}\n`);
+    const r3 = (x: number) => Math.round(x * 1000) / 1000;
+    process.stdout.write(`${JSON.stringify({
+      bench: 'proxy', node: process.version, date: new Date().toISOString(), cpus: cpu.length, flags,
+      closed: { proxyRps: Math.round(rps.proxy), gatewayRps: Math.round(rps.gateway), throughputRatio: r3(throughputRatio), pairedThroughputRatio: r3(pairedRps),
+        proxyCpuUsPerReq: r3(cpuReq.proxy), gatewayCpuUsPerReq: r3(cpuReq.gateway), cpuRatio: r3(cpuReq.gateway / cpuReq.proxy), providerCpuUsPerReq: r3(provReq) },
+      latency: Object.fromEntries(all.map((t) => [t, { p50Ms: latency[t].p50Us / 1000, p99Ms: latency[t].p99Us / 1000, p999Ms: latency[t].p999Us / 1000 }])),
+      addedMs: { p50: r3(addP50), p99: r3(addP99) },
+      ttft: Object.fromEntries(all.map((t) => [t, { p50Ms: ttft[t].p50Us / 1000, p99Ms: ttft[t].p99Us / 1000 }])),
+      addedTtftMs: { p50: r3(addTtft), p99: r3((ttft.gateway.p99Us - ttft.direct.p99Us) / 1000) },
+      upstreamConnectionsPerStream: { proxy: r3(opened.proxy / streamsOf('proxy')), gateway: r3(opened.gateway / streamsOf('gateway')) },
+      steal: steal === null ? null : r3(steal), disturbedPhases: others.disturbed(), bad,
+    })}\n`);
+  } finally {
+    await cleanup();
+  }
+  return bad === 0 ? 0 : 1;
+}
+
+function arg(name: string): string {
+  const i = process.argv.indexOf(name);
+  const v = i === -1 ? undefined : process.argv[i + 1];
+  if (v === undefined) throw new Error(`missing ${name}`);
+  return v;
+}
+
+if (require.main === module) {
+  const role = process.argv.includes('--role') ? arg('--role') : 'bench';
+  if (role === 'provider') runProvider(arg('--key'));
+  else if (role === 'proxy') runProxy(Number(arg('--upstream')), arg('--key'));
+  else {
+    main().then((code) => {
+      process.exitCode = code;
+    }, (err: unknown) => {
+      process.stderr.write(`proxy bench failed: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
+      process.exitCode = 1;
+    });
+  }
+}
