@@ -78,6 +78,9 @@ export class RedisLimiter implements Limiter {
     this.client = createClient({
       url: options.url,
       disableOfflineQueue: true, // never queue a decision behind an outage
+      // The client's own per-command timer (an AbortSignal per command, 5 s by default) is
+      // switched off: eval() below keeps the one deadline, at timeoutMs.
+      commandOptions: { timeout: 0 },
       socket: {
         connectTimeout: Math.max(options.timeoutMs, 1000),
         reconnectStrategy: (retries: number) => Math.min(50 * 2 ** retries, 1000),
