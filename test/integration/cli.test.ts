@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { hash } from 'node:crypto';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { promisify } from 'node:util';
 import { testConfig } from '../helpers/gateway.js';
+import { spawnListening, type Spawned } from '../helpers/spawn.js';
 
 const run = promisify(execFile);
 const MAIN = join(__dirname, '..', '..', 'dist', 'main.js');
@@ -18,30 +19,9 @@ function writeConfig(name: string, config: unknown): string {
   return file;
 }
 
-interface Started {
-  child: ChildProcess;
-  url: string;
-  stdout: () => string;
-  stderr: () => string;
-  exited: Promise<number | null>;
-}
-
 /** Spawns the built CLI and waits for its "listening" line. */
-async function startCli(args: string[], env: Record<string, string> = {}): Promise<Started> {
-  const child = spawn(process.execPath, [MAIN, ...args], { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
-  let out = '';
-  let err = '';
-  child.stderr!.on('data', (d) => { err += d; });
-  const exited = new Promise<number | null>((resolve) => child.on('exit', (code) => resolve(code)));
-  const url = await new Promise<string>((resolve, reject) => {
-    child.stdout!.on('data', (d) => {
-      out += d;
-      const m = /"msg":"listening".*"url":"([^"]+)"/.exec(out);
-      if (m !== null) resolve(m[1]!);
-    });
-    exited.then((code) => reject(new Error(`exited ${code} before listening: ${err}`)));
-  });
-  return { child, url, stdout: () => out, stderr: () => err, exited };
+function startCli(args: string[], env: Record<string, string> = {}): Promise<Spawned> {
+  return spawnListening(process.execPath, [MAIN, ...args], { env: { ...process.env, ...env } });
 }
 
 describe('CLI', () => {

@@ -1,11 +1,12 @@
 import assert from 'node:assert/strict';
-import { execFile, spawn } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { promisify } from 'node:util';
 import { ConfigError, createGateway, DEMO_KEY, demoConfig } from '../../src/index.js';
 import { Logger } from '../../src/log.js';
 import { testConfig } from '../helpers/gateway.js';
+import { spawnListening } from '../helpers/spawn.js';
 
 const root = join(__dirname, '..', '..');
 const quiet = new Logger(() => {});
@@ -32,20 +33,10 @@ describe('the programmatic API', () => {
   });
 
   test('examples/embed-under-prefix.js serves the gateway under /llm/ of a host server', async () => {
-    const child = spawn(process.execPath, [join(root, 'examples', 'embed-under-prefix.js')], {
-      env: { ...process.env, PORT: '0' }, stdio: ['ignore', 'pipe', 'pipe'],
+    const { child, url, exited } = await spawnListening(process.execPath, [join(root, 'examples', 'embed-under-prefix.js')], {
+      env: { ...process.env, PORT: '0' },
     });
-    const exited = new Promise((resolve) => child.on('exit', resolve));
     try {
-      const url = await new Promise<string>((resolve, reject) => {
-        let out = '';
-        child.stdout.on('data', (d) => {
-          out += d;
-          const m = /"url":"([^"]+)","gateway"/.exec(out);
-          if (m) resolve(m[1]!);
-        });
-        exited.then(() => reject(new Error('example exited')));
-      });
       assert.equal(await (await fetch(`${url}/`)).text(), 'the host application\n');
       const models = await fetch(`${url}/llm/v1/models`, { headers: { authorization: `Bearer ${DEMO_KEY}` } });
       assert.equal(models.status, 200);

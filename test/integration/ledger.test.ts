@@ -1,5 +1,4 @@
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -8,6 +7,7 @@ import { FileLedger } from '../../src/ledger/file.js';
 import { Logger } from '../../src/log.js';
 import { rng } from '../helpers/fake-clock.js';
 import { chatBody, postJson, startGateway, testConfig } from '../helpers/gateway.js';
+import { spawnListening } from '../helpers/spawn.js';
 
 const MAIN = join(__dirname, '..', '..', 'dist', 'main.js');
 const quiet = new Logger(() => {});
@@ -119,18 +119,7 @@ describe('crash safety', () => {
     const r = rng(42);
     const completed = new Set<string>();
     for (let round = 0; round < 3; round++) {
-      const child = spawn(process.execPath, [MAIN, '--config', configFile, '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
-      const url = await new Promise<string>((resolve, reject) => {
-        let out = '';
-        child.stdout.on('data', (d) => {
-          out += d;
-          const m = /"url":"([^"]+)"/.exec(out);
-          if (m) resolve(m[1]!);
-        });
-        child.on('exit', () => reject(new Error('exited early')));
-      });
-      child.stdout.resume();
-      const exited = new Promise((resolve) => child.on('exit', resolve));
+      const { child, url, exited } = await spawnListening(process.execPath, [MAIN, '--config', configFile, '--port', '0']);
       let stop = false;
       const worker = async () => {
         while (!stop) {

@@ -1,35 +1,18 @@
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { chatBody, testConfig } from '../helpers/gateway.js';
 import { hasRedis, RedisServer } from '../helpers/redis-server.js';
+import { spawnListening, type Spawned } from '../helpers/spawn.js';
 
 const MAIN = join(__dirname, '..', '..', 'dist', 'main.js');
 
-interface Instance {
-  child: ChildProcess;
-  url: string;
-  exited: Promise<unknown>;
-}
+type Instance = Spawned;
 
-async function startInstance(configFile: string): Promise<Instance> {
-  const child = spawn(process.execPath, [MAIN, '--config', configFile, '--port', '0'], { stdio: ['ignore', 'pipe', 'pipe'] });
-  const exited = new Promise((resolve) => child.on('exit', resolve));
-  const url = await new Promise<string>((resolve, reject) => {
-    let out = '';
-    child.stdout!.on('data', (d) => {
-      out += d;
-      const m = /"msg":"listening".*"url":"([^"]+)"/.exec(out);
-      if (m) resolve(m[1]!);
-    });
-    exited.then(() => reject(new Error('gateway exited early')));
-  });
-  child.stdout!.resume();
-  child.stderr!.resume();
-  return { child, url, exited };
+function startInstance(configFile: string): Promise<Instance> {
+  return spawnListening(process.execPath, [MAIN, '--config', configFile, '--port', '0']);
 }
 
 function call(base: string, key: string, body: unknown, headers: Record<string, string> = {}) {

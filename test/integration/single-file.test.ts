@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { execFile, spawn } from 'node:child_process';
+import { execFile } from 'node:child_process';
 import { hash } from 'node:crypto';
 import { copyFileSync, mkdtempSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -7,24 +7,15 @@ import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { promisify } from 'node:util';
 import { DEMO_KEY } from '../../src/config/demo.js';
+import { spawnListening } from '../helpers/spawn.js';
 
 const run = promisify(execFile);
 const root = join(__dirname, '..', '..');
 
 /** Starts a CLI (a bundle or an executable) with the demo config and lists the models with the demo key. */
 async function demoWorks(command: string, args: string[], cwd: string): Promise<void> {
-  const child = spawn(command, [...args, '--port', '0'], { cwd, stdio: ['ignore', 'pipe', 'pipe'], env: { PATH: process.env.PATH ?? '' } });
-  const exited = new Promise((resolve) => child.on('exit', resolve));
+  const { child, url, exited } = await spawnListening(command, [...args, '--port', '0'], { cwd, env: { PATH: process.env.PATH ?? '' } });
   try {
-    const url = await new Promise<string>((resolve, reject) => {
-      let out = '';
-      child.stdout.on('data', (d) => {
-        out += d;
-        const m = /"msg":"listening".*"url":"([^"]+)"/.exec(out);
-        if (m) resolve(m[1]!);
-      });
-      exited.then(() => reject(new Error('exited before listening')));
-    });
     const res = await fetch(`${url}/v1/models`, { headers: { authorization: `Bearer ${DEMO_KEY}` } });
     assert.equal(res.status, 200);
     assert.ok(((await res.json()) as { data: Array<{ id: string }> }).data.some((m) => m.id === 'echo-1'));
