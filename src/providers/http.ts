@@ -40,14 +40,19 @@ type Outcome =
  * they arrive (streams event by event, with backpressure); meters from the provider's usage.
  */
 export class HttpProvider implements Provider {
-  private readonly base: string;
+  /** Upstream URL per endpoint, parsed once. */
+  private readonly urls = new Map<string, URL>();
 
   constructor(private readonly config: ProviderConfig, private readonly adapter: ProtocolAdapter) {
-    this.base = config.baseUrl;
+    for (const endpoint of ['chat', 'messages', 'embeddings'] as const) {
+      const path = adapter.path(endpoint);
+      if (path !== null) this.urls.set(endpoint, new URL(config.baseUrl + path));
+    }
   }
 
   handle(ex: Exchange): void {
-    const url = new URL(this.base + this.adapter.path(ex.endpoint)!);
+    const url = this.urls.get(ex.endpoint)!;
+    const agent = agentFor(url);
     const body = Buffer.from(JSON.stringify(this.adapter.body(ex)));
     const headers: Record<string, string> = {
       'content-type': 'application/json',
@@ -69,7 +74,7 @@ export class HttpProvider implements Provider {
     const attempt = (n: number): void => {
       if (ex.aborted) return;
       const send = url.protocol === 'https:' ? httpsRequest : httpRequest;
-      const req = send(url, { method: 'POST', headers, agent: agentFor(url) });
+      const req = send(url, { method: 'POST', headers, agent });
       current = req;
       let done = false;
       const sentAt = performance.now();
