@@ -79,7 +79,10 @@ export async function createGateway(config: unknown, options: CreateOptions = {}
 /** The same from an already validated config (the CLI's path). */
 export async function startGateway(
   config: GatewayConfig, options: CreateOptions & { logger: Logger },
-  validate: (raw: unknown) => GatewayConfig | ConfigError = (raw) => raw as GatewayConfig,
+  validate: (raw: unknown) => GatewayConfig | ConfigError = (raw) => {
+    const r = validateConfig(raw, { baseDir: options.baseDir ?? process.cwd(), env: options.env ?? process.env });
+    return r.ok ? r.config : new ConfigError(r.errors);
+  },
 ): Promise<EmbeddedGateway> {
   const { logger } = options;
   const ledger: Ledger = config.ledger.store === 'file' ? await FileLedger.open(config.ledger.dir, { logger }) : new MemoryLedger();

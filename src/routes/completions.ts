@@ -124,7 +124,10 @@ class LiveExchange implements Exchange {
     this.stream = call.stream;
     this.requestId = ctx.id;
     gw.inFlight++;
-    res.once('close', this.onClose);
+    // With a remote limiter the client may have gone while admission was awaited: then
+    // 'close' has already fired, so settle and release now rather than wait for it.
+    if (res.closed) queueMicrotask(this.onClose);
+    else res.once('close', this.onClose);
   }
 
   onAbort(stop: () => void): void {

@@ -3,7 +3,7 @@ import { execFile } from 'node:child_process';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { promisify } from 'node:util';
-import { ConfigError, createGateway, DEMO_KEY, demoConfig } from '../../src/index.js';
+import { ConfigError, createGateway, DEMO_KEY } from '../../src/index.js';
 import { Logger } from '../../src/log.js';
 import { testConfig } from '../helpers/gateway.js';
 import { spawnListening } from '../helpers/spawn.js';
@@ -60,6 +60,5 @@ describe('the programmatic API', () => {
     await run(process.execPath, [main, 'check-config', join(root, 'examples', 'config.providers.json')], {
       env: { ...process.env, OPENAI_API_KEY: 'x', ANTHROPIC_API_KEY: 'y' },
     });
-    assert.ok(demoConfig());
   });
 });

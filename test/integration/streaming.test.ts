@@ -125,7 +125,5 @@ describe('mock provider, streaming and metering', () => {
     assert.equal(charge.estimated, true);
     assert.equal(charge.inputTokens, 50);
     assert.ok(charge.outputTokens >= 2 && charge.outputTokens < 50, `estimated output ${charge.outputTokens}`);
-    const log = gw.logs.join('');
-    assert.ok(log.length > 0);
   });
 });
