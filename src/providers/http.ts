@@ -1,5 +1,6 @@
 import { Agent as HttpAgent, request as httpRequest, type IncomingMessage, type ClientRequest } from 'node:http';
 import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
+import { isIP } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import type { ProviderConfig } from '../config/types.js';
 import { upstreamStatusSpec } from '../errors.js';
@@ -26,8 +27,58 @@ function agentFor(url: URL): HttpAgent {
   return agent;
 }
 
-/** Headers of the provider's answer worth passing on to the client. */
-const PASSED_HEADERS = ['openai-processing-ms', 'openai-version', 'anthropic-organization-id'];
+/**
+ * Where one endpoint's calls go, worked out once per provider: a plain options object (Node
+ * would otherwise convert a URL on every call) and the Host header, since the request headers
+ * are passed as a flat array, which Node writes as they are instead of collecting them first.
+ */
+interface Target {
+  send: typeof httpRequest;
+  agent: HttpAgent;
+  hostname: string;
+  port: number;
+  path: string;
+  host: string;
+  /** TLS SNI ('' for plain HTTP and IP addresses); given, so Node does not work it out per call. */
+  servername: string;
+}
+
+function targetOf(url: URL): Target {
+  const https = url.protocol === 'https:';
+  const hostname = url.hostname.startsWith('[') ? url.hostname.slice(1, -1) : url.hostname;
+  return {
+    send: https ? httpsRequest : httpRequest,
+    agent: agentFor(url),
+    hostname,
+    port: Number(url.port) || (https ? 443 : 80),
+    path: url.pathname + url.search,
+    host: url.host,
+    servername: https && isIP(hostname) === 0 ? hostname : '',
+  };
+}
+
+/** Headers of the provider's answer worth passing on to the client, as they are. */
+const PASSED_HEADERS = new Set(['openai-processing-ms', 'openai-version', 'anthropic-organization-id']);
+
+/**
+ * The content type of a provider's answer and the headers passed on (its request id renamed
+ * `x-upstream-request-id`), read in one pass over rawHeaders: cheaper than `res.headers`,
+ * which builds an object of every header.
+ */
+function answerHeaders(res: IncomingMessage): { contentType: string; passed: string[] } {
+  let contentType = 'application/json';
+  const passed: string[] = [];
+  let upstreamId: string | undefined;
+  const raw = res.rawHeaders;
+  for (let i = 0; i < raw.length; i += 2) {
+    const name = raw[i]!.toLowerCase();
+    if (name === 'content-type') contentType = raw[i + 1]!;
+    else if (name === 'x-request-id' || (name === 'request-id' && upstreamId === undefined)) upstreamId = raw[i + 1]!;
+    else if (PASSED_HEADERS.has(name)) passed.push(name, raw[i + 1]!);
+  }
+  if (upstreamId !== undefined) passed.push('x-upstream-request-id', upstreamId);
+  return { contentType, passed };
+}
 
 type Outcome =
   | { kind: 'response'; res: IncomingMessage }
@@ -40,29 +91,32 @@ type Outcome =
  * they arrive (streams event by event, with backpressure); meters from the provider's usage.
  */
 export class HttpProvider implements Provider {
-  /** Upstream URL per endpoint, parsed once. */
-  private readonly urls = new Map<string, URL>();
+  /** Where each endpoint's calls go, parsed once. */
+  private readonly targets = new Map<string, Target>();
 
   constructor(private readonly config: ProviderConfig, private readonly adapter: ProtocolAdapter) {
     for (const endpoint of ['chat', 'messages', 'embeddings'] as const) {
       const path = adapter.path(endpoint);
-      if (path !== null) this.urls.set(endpoint, new URL(config.baseUrl + path));
+      if (path !== null) this.targets.set(endpoint, targetOf(new URL(config.baseUrl + path)));
     }
   }
 
   handle(ex: Exchange): void {
-    const url = this.urls.get(ex.endpoint)!;
-    const agent = agentFor(url);
-    const body = Buffer.from(JSON.stringify(this.adapter.body(ex)));
-    const headers: Record<string, string> = {
-      'content-type': 'application/json',
-      'content-length': String(body.length),
-      accept: ex.stream ? 'text/event-stream' : 'application/json',
-      'accept-encoding': 'identity', // the gateway reads usage out of the answer
-      'x-request-id': ex.requestId,
+    const target = this.targets.get(ex.endpoint)!;
+    const body = JSON.stringify(this.adapter.body(ex));
+    const headers = [
+      'host', target.host,
+      'content-type', 'application/json',
+      'content-length', String(Buffer.byteLength(body)),
+      'accept', ex.stream ? 'text/event-stream' : 'application/json',
+      'accept-encoding', 'identity', // the gateway reads usage out of the answer
+      'x-request-id', ex.requestId,
+      ...this.adapter.headers(this.config.apiKey, ex),
+    ];
+    const options = {
+      method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers,
+      servername: target.servername,
     };
-    const extra = this.adapter.headers(this.config.apiKey, ex);
-    for (let i = 0; i < extra.length; i += 2) headers[extra[i]!] = extra[i + 1]!;
     const deadline = Date.now() + this.config.timeoutMs;
     let current: ClientRequest | null = null;
     let waiting: NodeJS.Timeout | null = null;
@@ -73,8 +127,7 @@ export class HttpProvider implements Provider {
 
     const attempt = (n: number): void => {
       if (ex.aborted) return;
-      const send = url.protocol === 'https:' ? httpsRequest : httpRequest;
-      const req = send(url, { method: 'POST', headers, agent });
+      const req = target.send(options);
       current = req;
       let done = false;
       const sentAt = performance.now();
@@ -124,10 +177,10 @@ export class HttpProvider implements Provider {
         return retry(wait);
       }
     }
-    readSome(res, MAX_ERROR_BYTES, (text) => {
+    readSome(res, MAX_ERROR_BYTES, (answer) => {
       if (ex.aborted) return;
       const retryAfterS = providerWait === null ? undefined : Math.ceil(providerWait / 1000);
-      const message = providerMessage(text);
+      const message = providerMessage(answer.toString('utf8'));
       if (status === 429) return ex.fail('upstream_rate_limited', { retryAfterS: retryAfterS ?? 1, ...(message ? { message } : {}) });
       if (status === 503 || status === 529) return ex.fail('upstream_overloaded', { retryAfterS: retryAfterS ?? 1 });
       if (status === 504) return ex.fail('upstream_timeout');
@@ -143,18 +196,11 @@ export class HttpProvider implements Provider {
 
   /** A 2xx answer: streamed event by event, or read whole, metered, then sent. */
   private relay(ex: Exchange, res: IncomingMessage): void {
-    const contentType = String(res.headers['content-type'] ?? 'application/json');
-    const passed: string[] = [];
-    for (const name of PASSED_HEADERS) {
-      const value = res.headers[name];
-      if (typeof value === 'string') passed.push(name, value);
-    }
-    const upstreamId = res.headers['x-request-id'] ?? res.headers['request-id'];
-    if (typeof upstreamId === 'string') passed.push('x-upstream-request-id', upstreamId);
+    const { contentType, passed } = answerHeaders(res);
     ex.onAbort(() => res.destroy());
 
     if (!contentType.startsWith('text/event-stream')) {
-      readSome(res, MAX_ANSWER_BYTES, (text, complete) => {
+      readSome(res, MAX_ANSWER_BYTES, (answer, complete) => {
         if (ex.aborted) return;
         if (!complete) {
           ex.upstreamFailed('cut');
@@ -162,22 +208,22 @@ export class HttpProvider implements Provider {
         }
         let json: unknown;
         try {
-          json = JSON.parse(text);
+          json = JSON.parse(answer.toString('utf8'));
         } catch {
           ex.upstreamFailed('garbage');
           return ex.fail('upstream_error', { message: 'The provider answered something that is not JSON.' });
         }
-        const usage = this.adapter.usage(json);
-        const bytes = Buffer.from(text);
-        ex.settle(usage, () => {
-          ex.head(res.statusCode!, contentType, ['content-length', String(bytes.length), ...passed]);
-          ex.res.end(bytes);
+        ex.settle(this.adapter.usage(json), () => {
+          passed.push('content-length', String(answer.length));
+          ex.head(res.statusCode!, contentType, passed);
+          ex.res.end(answer);
         });
       });
       return;
     }
 
-    ex.head(res.statusCode!, contentType, ['cache-control', 'no-cache', ...passed]);
+    passed.push('cache-control', 'no-cache');
+    ex.head(res.statusCode!, contentType, passed);
     const watcher = this.adapter.watch(ex);
     const splitter = new SseSplitter();
     let ended = false;
@@ -236,23 +282,23 @@ export class HttpProvider implements Provider {
   }
 }
 
-/** Reads up to `limit` bytes of a response as text; `complete` is false if it was cut or too big. */
-function readSome(res: IncomingMessage, limit: number, then: (text: string, complete: boolean) => void): void {
+/** Reads up to `limit` bytes of a response; `complete` is false if it was cut or too big. */
+function readSome(res: IncomingMessage, limit: number, then: (answer: Buffer, complete: boolean) => void): void {
   const chunks: Buffer[] = [];
   let size = 0;
   let called = false;
   const done = (complete: boolean) => {
     if (called) return;
     called = true;
-    then(Buffer.concat(chunks).toString('utf8'), complete);
+    then(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size), complete);
   };
   res.on('data', (chunk: Buffer) => {
-    size += chunk.length;
-    if (size > limit) {
+    if (size + chunk.length > limit) {
       res.destroy();
       done(false);
       return;
     }
+    size += chunk.length;
     chunks.push(chunk);
   });
   res.on('end', () => done(true));

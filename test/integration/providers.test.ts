@@ -15,8 +15,9 @@ function sseData(text: string): string[] {
 describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
   const up = new FakeUpstream();
   let gw: Running;
+  let base: string;
   before(async () => {
-    const base = await up.start();
+    base = await up.start();
     gw = await startGateway(testConfig({
       plans: { p: { rpm: 10_000, concurrency: 1 } },
       accounts: { acct_a: { plan: 'p' } },
@@ -45,15 +46,18 @@ describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
   test('chat: the provider key replaces the client key, model becomes upstreamModel, usage is metered', async () => {
     up.queue.push((_req, res) => json(res, 200, openaiCompletion('hi!', {
       prompt_tokens: 1000, completion_tokens: 500, total_tokens: 1500, prompt_tokens_details: { cached_tokens: 400 } } as never),
-    { 'x-request-id': 'up-1', 'set-cookie': 'secret=1', 'x-ratelimit-remaining-requests': '5' }));
+    { 'x-request-id': 'up-1', 'set-cookie': 'secret=1', 'x-ratelimit-remaining-requests': '5', 'openai-processing-ms': '7' }));
     const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody('gpt-x', 'hello'), { 'x-request-id': 'trace-1' });
     assert.equal(res.status, 200);
     assert.equal(res.headers.get('x-upstream-request-id'), 'up-1');
+    assert.equal(res.headers.get('openai-processing-ms'), '7');
     assert.equal(res.headers.get('set-cookie'), null);
     const body = (await res.json()) as { choices: Array<{ message: { content: string } }> };
     assert.equal(body.choices[0]!.message.content, 'hi!');
     const seen = up.seen.at(-1)!;
     assert.equal(seen.path, '/v1/chat/completions');
+    assert.equal(seen.headers.host, new URL(base).host);
+    assert.equal(seen.headers['accept-encoding'], 'identity');
     assert.equal(seen.headers.authorization, 'Bearer sk-provider-openai');
     assert.equal(seen.headers['x-request-id'], 'trace-1');
     assert.equal(seen.body.model, 'up-gpt');
@@ -82,10 +86,11 @@ describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
 
   test('messages: x-api-key and anthropic-version upstream, cache tokens priced, -thinking turns thinking on', async () => {
     up.queue.push((_req, res) => json(res, 200, anthropicMessage('yo', {
-      input_tokens: 100, output_tokens: 10, cache_read_input_tokens: 1000, cache_creation_input_tokens: 10 })));
+      input_tokens: 100, output_tokens: 10, cache_read_input_tokens: 1000, cache_creation_input_tokens: 10 }), { 'request-id': 'req_up_9' }));
     const res = await postJson(`${gw.url}/v1/messages`, 'sk-client',
       { model: 'claude-x', max_tokens: 64, messages: [{ role: 'user', content: 'hi' }] }, { 'anthropic-beta': 'b1' });
     assert.equal(res.status, 200);
+    assert.equal(res.headers.get('x-upstream-request-id'), 'req_up_9', "Anthropic's request-id is passed on too");
     assert.equal(((await res.json()) as { content: Array<{ text: string }> }).content[0]!.text, 'yo');
     const seen = up.seen.at(-1)!;
     assert.equal(seen.path, '/v1/messages');
