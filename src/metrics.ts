@@ -99,8 +99,8 @@ export class Metrics {
   private readonly admissions = new LabeledCounter('mg_admissions_total', 'Limiter decisions: admitted, or the reason of a rejection.', ['result']);
   private readonly upstreamDuration = new LabeledHistogram('mg_upstream_duration_seconds', 'Time to the provider\'s response headers, by provider.', ['provider']);
   private readonly upstreamErrors = new LabeledCounter('mg_upstream_errors_total', 'Failed provider attempts, by provider and kind.', ['provider', 'kind']);
-  private readonly tokens = new LabeledCounter('mg_tokens_total', 'Tokens metered, by model and direction.', ['model', 'direction']);
-  private readonly spend = new LabeledCounter('mg_spend_usd_total', 'Money charged, by model (US dollars).', ['model']);
+  /** Per model: tokens in and out, and spend (the hot path adds to numbers; labels are built per scrape). */
+  private readonly models = new Map<string, { input: number; output: number; spendUsd: number }>();
   private readonly startS = Date.now() / 1000;
 
   constructor(private readonly gauges: Gauges) {}
@@ -128,9 +128,14 @@ export class Metrics {
   }
 
   charge(model: string, inputTokens: number, outputTokens: number, costMicro: number): void {
-    this.tokens.add(`${model}\tinput`, inputTokens);
-    this.tokens.add(`${model}\toutput`, outputTokens);
-    this.spend.add(model, costMicro / 1e6);
+    let m = this.models.get(model);
+    if (m === undefined) {
+      m = { input: 0, output: 0, spendUsd: 0 };
+      this.models.set(model, m);
+    }
+    m.input += inputTokens;
+    m.output += outputTokens;
+    m.spendUsd += costMicro / 1e6;
   }
 
   /** The Prometheus text exposition (version 0.0.4). */
@@ -147,8 +152,15 @@ export class Metrics {
     this.admissions.render(out);
     this.upstreamDuration.render(out);
     this.upstreamErrors.render(out);
-    this.tokens.render(out);
-    this.spend.render(out);
+    const tokens = new LabeledCounter('mg_tokens_total', 'Tokens metered, by model and direction.', ['model', 'direction']);
+    const spend = new LabeledCounter('mg_spend_usd_total', 'Money charged, by model (US dollars).', ['model']);
+    for (const [model, m] of this.models) {
+      tokens.add(`${model}\tinput`, m.input);
+      tokens.add(`${model}\toutput`, m.output);
+      spend.add(model, m.spendUsd);
+    }
+    tokens.render(out);
+    spend.render(out);
     const gauge = (name: string, help: string, value: number) => out.push(`# HELP ${name} ${help}`, `# TYPE ${name} gauge`, `${name} ${value}`);
     gauge('mg_in_flight_requests', 'Model calls being answered now.', this.gauges.inFlight());
     gauge('mg_limiter_up', '1 when the limiter store answers.', this.gauges.limiterUp() ? 1 : 0);

@@ -80,10 +80,17 @@ function answerHeaders(res: IncomingMessage): { contentType: string; passed: str
   return { contentType, passed };
 }
 
+/** The timer of one call, as the steps after its headers see it. */
+interface Call {
+  /** The call has its outcome: stop the timer. */
+  end(): void;
+  /** A body is now being read: it gets timeoutMs of its own. */
+  readingBody(): void;
+}
+
 type Outcome =
   | { kind: 'response'; res: IncomingMessage }
-  | { kind: 'error'; error: Error }
-  | { kind: 'timeout' };
+  | { kind: 'error'; error: Error };
 
 /**
  * A provider reached over HTTP(S) in the OpenAI or Anthropic protocol. Retries connection
@@ -117,67 +124,85 @@ export class HttpProvider implements Provider {
       method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers,
       servername: target.servername,
     };
-    const deadline = Date.now() + this.config.timeoutMs;
+    // One timer per call, always of timeoutMs: Node keeps the timers of one duration in one list,
+    // so this costs far less than a timer per attempt with what was left of the deadline
+    // (measured: several µs per request). It covers the answer's headers, retries included,
+    // then, refreshed, the body of a non-streamed answer or of an error.
+    const deadlineAt = performance.now() + this.config.timeoutMs;
+    let phase: 'headers' | 'body' | 'over' = 'headers';
     let current: ClientRequest | null = null;
     let waiting: NodeJS.Timeout | null = null;
-    ex.onAbort(() => {
-      current?.destroy();
+    const timer = setTimeout(() => {
       if (waiting !== null) clearTimeout(waiting);
+      current?.destroy(); // a body being read is cut: its reader reports it incomplete
+      if (phase !== 'headers' || ex.aborted) return;
+      phase = 'over';
+      ex.upstreamFailed('timeout');
+      ex.fail('upstream_timeout', { message: `The provider did not answer within ${this.config.timeoutMs} ms.` });
+    }, this.config.timeoutMs);
+    const call: Call = {
+      end() {
+        phase = 'over';
+        clearTimeout(timer);
+        if (waiting !== null) clearTimeout(waiting);
+      },
+      readingBody() {
+        phase = 'body';
+        timer.refresh();
+      },
+    };
+    ex.onAbort(() => {
+      call.end();
+      current?.destroy();
     });
 
     const attempt = (n: number): void => {
-      if (ex.aborted) return;
+      if (phase !== 'headers') return;
       const req = target.send(options);
       current = req;
       let done = false;
       const sentAt = performance.now();
-      const timer = setTimeout(() => finish({ kind: 'timeout' }), Math.max(1, deadline - Date.now()));
-      const finish = (outcome: Outcome) => {
-        if (done) return;
+      const settle = (outcome: Outcome) => {
+        if (done || phase !== 'headers') return;
         done = true;
-        clearTimeout(timer);
-        this.onOutcome(ex, outcome, n, deadline, req, (wait) => {
+        this.onOutcome(ex, outcome, n, deadlineAt - performance.now(), call, (wait) => {
           waiting = setTimeout(() => { waiting = null; attempt(n + 1); }, wait);
         });
       };
       req.on('response', (res) => {
         ex.observeUpstream((performance.now() - sentAt) / 1000);
-        finish({ kind: 'response', res });
+        settle({ kind: 'response', res });
       });
-      req.on('error', (error) => finish({ kind: 'error', error }));
+      req.on('error', (error) => settle({ kind: 'error', error }));
       req.end(body);
     };
     attempt(1);
   }
 
-  private onOutcome(ex: Exchange, outcome: Outcome, n: number, deadline: number, req: ClientRequest, retry: (waitMs: number) => void): void {
-    if (ex.aborted) return;
-    const left = deadline - Date.now();
-    if (outcome.kind === 'timeout') {
-      ex.upstreamFailed('timeout');
-      req.destroy();
-      return ex.fail('upstream_timeout', { message: `The provider did not answer within ${this.config.timeoutMs} ms.` });
-    }
+  /** What one attempt's outcome leads to: another attempt, the answer relayed, or an error answered. */
+  private onOutcome(ex: Exchange, outcome: Outcome, n: number, leftMs: number, call: Call, retry: (waitMs: number) => void): void {
+    if (ex.aborted) return call.end();
     if (outcome.kind === 'error') {
       ex.upstreamFailed('connection');
       const wait = backoffMs(n, null);
-      if (n < MAX_ATTEMPTS && wait < left) return retry(wait);
+      if (n < MAX_ATTEMPTS && wait < leftMs) return retry(wait);
+      call.end();
       return ex.fail('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
     }
     const res = outcome.res;
     const status = res.statusCode ?? 0;
-    if (status >= 200 && status < 300) return this.relay(ex, res);
+    if (status >= 200 && status < 300) return this.relay(ex, res, call);
     ex.upstreamFailed(status === 429 || status === 503 || status === 529 ? String(status) : status < 500 ? '4xx' : '5xx');
 
     const providerWait = retryAfterMs(res.headers, Date.now());
     if (RETRY_STATUSES.has(status)) {
       const wait = backoffMs(n, providerWait);
-      if (n < MAX_ATTEMPTS && wait < left && (status !== 429 || providerWait === null || providerWait <= 5000)) {
+      if (n < MAX_ATTEMPTS && wait < leftMs && (status !== 429 || providerWait === null || providerWait <= 5000)) {
         res.resume(); // discard, keep the connection for reuse
         return retry(wait);
       }
     }
-    readSome(res, MAX_ERROR_BYTES, (answer) => {
+    readAnswer(res, MAX_ERROR_BYTES, call, (answer) => {
       if (ex.aborted) return;
       const retryAfterS = providerWait === null ? undefined : Math.ceil(providerWait / 1000);
       const message = providerMessage(answer.toString('utf8'));
@@ -195,12 +220,12 @@ export class HttpProvider implements Provider {
   }
 
   /** A 2xx answer: streamed event by event, or read whole, metered, then sent. */
-  private relay(ex: Exchange, res: IncomingMessage): void {
+  private relay(ex: Exchange, res: IncomingMessage, call: Call): void {
     const { contentType, passed } = answerHeaders(res);
     ex.onAbort(() => res.destroy());
 
     if (!contentType.startsWith('text/event-stream')) {
-      readSome(res, MAX_ANSWER_BYTES, (answer, complete) => {
+      readAnswer(res, MAX_ANSWER_BYTES, call, (answer, complete) => {
         if (ex.aborted) return;
         if (!complete) {
           ex.upstreamFailed('cut');
@@ -222,6 +247,7 @@ export class HttpProvider implements Provider {
       return;
     }
 
+    call.end(); // a stream has its own idle timer instead
     passed.push('cache-control', 'no-cache');
     ex.head(res.statusCode!, contentType, passed);
     const watcher = this.adapter.watch(ex);
@@ -282,6 +308,15 @@ export class HttpProvider implements Provider {
   }
 }
 
+/** Reads an answer's body whole under the call's timer, which it stops when done. */
+function readAnswer(res: IncomingMessage, limit: number, call: Call, then: (answer: Buffer, complete: boolean) => void): void {
+  call.readingBody();
+  readSome(res, limit, (answer, complete) => {
+    call.end();
+    then(answer, complete);
+  });
+}
+
 /** Reads up to `limit` bytes of a response; `complete` is false if it was cut or too big. */
 function readSome(res: IncomingMessage, limit: number, then: (answer: Buffer, complete: boolean) => void): void {
   const chunks: Buffer[] = [];
@@ -302,8 +337,8 @@ function readSome(res: IncomingMessage, limit: number, then: (answer: Buffer, co
     chunks.push(chunk);
   });
   res.on('end', () => done(true));
-  res.on('error', () => done(false));
-  res.on('aborted', () => done(false));
+  // Cut before its end (the connection broke, or the client left): 'close' without 'end'.
+  res.on('close', () => done(false));
 }
 
 /** The provider's own error message from an OpenAI or Anthropic error body. */

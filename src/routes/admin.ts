@@ -3,7 +3,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AccountConfig, Limit, PlanConfig } from '../config/types.js';
 import { GatewayError } from '../errors.js';
 import type { Gateway } from '../gateway.js';
-import { readBody } from '../http/body.js';
+import { readBodyAsync } from '../http/body.js';
 import type { RequestContext } from '../http/context.js';
 import { sendError, sendJson } from '../http/reply.js';
 import { microToUsd, parseUsd } from '../money.js';
@@ -20,7 +20,7 @@ function bad(param: string, message: string): GatewayError {
 /** Reads a JSON object body with only `allowed` fields, then runs `then`; every failure is answered. */
 function withBody(gw: Gateway, ctx: RequestContext, req: IncomingMessage, res: ServerResponse, allowed: string[],
   then: (body: Body) => Promise<void> | void): void {
-  readBody(req, gw.config.server.maxBodyBytes).then(async (result) => {
+  readBodyAsync(req, gw.config.server.maxBodyBytes).then(async (result) => {
     try {
       if (!result.ok) {
         if (result.reason === 'aborted') return;

@@ -22,7 +22,7 @@ export function registerCompletionRoutes(router: Router<Gateway>): void {
 /** POST handler of a model call: body, model, admission (contract order), then the provider. */
 function modelCall(endpoint: Endpoint) {
   return (gw: Gateway, ctx: RequestContext, req: IncomingMessage, res: ServerResponse): void => {
-    readBody(req, gw.config.server.maxBodyBytes).then((result) => {
+    readBody(req, gw.config.server.maxBodyBytes, (result) => {
       try {
         afterBody(gw, ctx, req, res, endpoint, result);
       } catch (err) {
@@ -127,7 +127,7 @@ class LiveExchange implements Exchange {
     // With a remote limiter the client may have gone while admission was awaited: then
     // 'close' has already fired, so settle and release now rather than wait for it.
     if (res.closed) queueMicrotask(this.onClose);
-    else res.once('close', this.onClose);
+    else res.on('close', this.onClose); // emitted once
   }
 
   onAbort(stop: () => void): void {

@@ -185,6 +185,22 @@ describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
     await garbage.text();
   });
 
+  test('a non-streamed answer whose body stalls after its headers is 502 after timeoutMs, and its slot returns', async () => {
+    up.queue.push((_req, r) => {
+      r.writeHead(200, { 'content-type': 'application/json', 'content-length': '1000' });
+      r.write('{"id":"chatcmpl-stalled",'); // and nothing more
+    });
+    const entries = entriesOf(gw, 'acct_a').length;
+    const started = Date.now();
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody('gpt-x'));
+    assert.equal(res.status, 502);
+    assert.ok(Date.now() - started >= 1400, 'not before timeoutMs (1500 ms)');
+    assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'upstream_error');
+    assert.equal(entriesOf(gw, 'acct_a').length, entries, 'no answer reached the client: nothing is billed');
+    up.queue.push((_req, r) => json(r, 200, openaiCompletion('ok')));
+    assert.equal((await postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody('gpt-x'))).status, 200, 'concurrency 1: the slot came back');
+  });
+
   test('a stream cut by the provider is cut for the client, charged an estimate, and its slot returns', async () => {
     up.queue.push(openaiStream(['aaaa', 'bbbb', 'cccc'], {}, { cutAfter: 3, delayMs: 20 }));
     const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody('gpt-x', 'x'.repeat(40), { stream: true }));
