@@ -2,40 +2,63 @@ import { GatewayError } from '../errors.js';
 import { LedgerBook } from './book.js';
 import type { AccountTotals, GroupBy, HistoryPage, Ledger, LedgerEntry, UsageRow } from './types.js';
 
-/** A ledger that lives as long as the process: for the demo, tests and stateless deployments. */
+/** Billing entries kept per account; the oldest go first, in batches of a quarter of this. */
+export const MEMORY_HISTORY_PER_ACCOUNT = 10_000;
+
+/** One account's most recent billing entries, oldest first; `dropped` older ones are gone. */
+interface Kept {
+  entries: LedgerEntry[];
+  dropped: number;
+}
+
+/**
+ * A ledger that lives as long as the process: for the demo, tests and stateless deployments.
+ * Balances and usage totals are exact; billing history keeps each account's latest
+ * MEMORY_HISTORY_PER_ACCOUNT entries (up to a quarter more between trims), so memory does not
+ * grow with traffic. The file ledger keeps all of it.
+ */
 export class MemoryLedger implements Ledger {
   private readonly book = new LedgerBook();
-  /** Billing history (charges and credits) per account, oldest first. */
-  private readonly billing = new Map<string, LedgerEntry[]>();
+  private readonly billing = new Map<string, Kept>();
+
+  constructor(private readonly keepPerAccount = MEMORY_HISTORY_PER_ACCOUNT) {}
 
   append(entry: LedgerEntry): void {
     this.book.apply(entry);
     if (entry.type === 'usage') return;
-    let list = this.billing.get(entry.accountId);
-    if (list === undefined) {
-      list = [];
-      this.billing.set(entry.accountId, list);
+    let kept = this.billing.get(entry.accountId);
+    if (kept === undefined) {
+      kept = { entries: [], dropped: 0 };
+      this.billing.set(entry.accountId, kept);
     }
-    list.push(entry);
+    kept.entries.push(entry);
+    const excess = kept.entries.length - this.keepPerAccount;
+    if (excess >= Math.max(1, this.keepPerAccount >> 2)) {
+      kept.entries.splice(0, excess); // in batches, so trimming costs O(1) per entry
+      kept.dropped += excess;
+    }
   }
 
   totals(): ReadonlyMap<string, AccountTotals> {
     return this.book.totals;
   }
 
-  /** The cursor is the position of the last entry returned: stable while new entries arrive. */
+  /**
+   * The cursor is the position (counted from the account's first entry ever) of the last entry
+   * returned: stable while new entries arrive and old ones are trimmed.
+   */
   history(accountId: string, limit: number, after: string | null): HistoryPage {
-    const list = this.billing.get(accountId) ?? [];
-    let end = list.length;
+    const { entries: list, dropped } = this.billing.get(accountId) ?? { entries: [], dropped: 0 };
+    let end = dropped + list.length;
     if (after !== null) {
-      if (!/^m\d+$/.test(after) || Number(after.slice(1)) > list.length) {
+      if (!/^m\d+$/.test(after) || Number(after.slice(1)) > end) {
         throw new GatewayError('invalid_request', { message: 'The cursor "after" is not valid.', fields: { param: 'after' } });
       }
       end = Number(after.slice(1));
     }
-    const start = Math.max(0, end - limit);
-    const entries = list.slice(start, end).reverse();
-    return { entries, hasMore: start > 0, nextCursor: start > 0 ? `m${start}` : null };
+    const start = Math.max(dropped, end - limit);
+    const entries = list.slice(Math.max(0, start - dropped), Math.max(0, end - dropped)).reverse();
+    return { entries, hasMore: start > dropped, nextCursor: start > dropped ? `m${start}` : null };
   }
 
   usage(accountId: string, startDay: number, endDay: number, groupBy: GroupBy): UsageRow[] {
@@ -44,7 +67,7 @@ export class MemoryLedger implements Ledger {
 
   /** Every billing entry of an account, oldest first (tests). */
   entries(accountId: string): readonly LedgerEntry[] {
-    return this.billing.get(accountId) ?? [];
+    return this.billing.get(accountId)?.entries ?? [];
   }
 
   ready(): boolean {

@@ -95,6 +95,36 @@ for (const kind of ['memory', 'file'] as const) {
   });
 }
 
+describe('memory ledger: bounded history', () => {
+  test('keeps each account\'s latest entries (memory does not grow with traffic); balances stay exact; cursors stay valid across trims', () => {
+    const ledger = new MemoryLedger(40);
+    const ids: string[] = [];
+    for (let i = 0; i < 1000; i++) {
+      const e = charge('a', 1);
+      ids.push(e.id);
+      ledger.append(e);
+      assert.ok(ledger.entries('a').length <= 50, 'at most a quarter over the bound');
+    }
+    assert.ok(ledger.entries('a').length >= 40);
+    assert.equal(ledger.totals().get('a')!.balanceMicro, -1000, 'totals count every entry, kept or not');
+    const kept = ledger.entries('a').length;
+    // A page taken, then enough new charges to trim past it: the next page resumes where it can.
+    const first = ledger.history('a', 10, null);
+    assert.deepEqual(first.entries.map((e) => e.id), ids.slice(-10).reverse());
+    for (let i = 0; i < 10; i++) ledger.append(charge('a', 1));
+    const next = ledger.history('a', 10, first.nextCursor);
+    assert.deepEqual(next.entries.map((e) => e.id), ids.slice(-20, -10).reverse());
+    let seen = first.entries.length + next.entries.length;
+    let after = next.nextCursor;
+    while (after !== null) {
+      const page = ledger.history('a', 7, after);
+      seen += page.entries.length;
+      after = page.nextCursor;
+    }
+    assert.ok(seen <= kept + 10 && seen >= 30, `pages end at the oldest entry kept (${seen})`);
+  });
+});
+
 async function allPages2(ledger: Ledger, account: string, limit: number, after: string | null): Promise<LedgerEntry[]> {
   const out: LedgerEntry[] = [];
   for (;;) {
