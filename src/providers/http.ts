@@ -7,6 +7,7 @@ import { upstreamStatusSpec } from '../errors.js';
 import type { ProtocolAdapter } from './protocols.js';
 import { backoffMs, MAX_ATTEMPTS, RETRY_STATUSES, retryAfterMs } from './retry.js';
 import { SseSplitter } from './sse.js';
+import { usageField } from './usage-field.js';
 import type { Exchange, Provider } from './types.js';
 
 /** The most of a provider's non-streamed answer the gateway will hold to meter it. */
@@ -231,12 +232,18 @@ export class HttpProvider implements Provider {
           ex.upstreamFailed('cut');
           return ex.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
         }
-        let json: unknown;
-        try {
-          json = JSON.parse(answer.toString('utf8'));
-        } catch {
-          ex.upstreamFailed('garbage');
-          return ex.fail('upstream_error', { message: 'The provider answered something that is not JSON.' });
+        // Usage is read out of the answer; the whole answer is parsed only when that fails
+        // (no usage field, or something that may not be JSON at all).
+        const text = answer.toString('utf8');
+        const usage = usageField(text);
+        let json: unknown = { usage };
+        if (usage === undefined) {
+          try {
+            json = JSON.parse(text);
+          } catch {
+            ex.upstreamFailed('garbage');
+            return ex.fail('upstream_error', { message: 'The provider answered something that is not JSON.' });
+          }
         }
         ex.settle(this.adapter.usage(json), () => {
           passed.push('content-length', String(answer.length));
