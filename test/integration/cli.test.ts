@@ -115,6 +115,10 @@ describe('CLI', () => {
       await hup(/config reloaded/);
       assert.equal(await models('sk-carol'), 200);
       assert.equal(await models('sk-alice'), 401, 'a removed key stops working at once');
+      assert.doesNotMatch(gw.stdout(), /apply only after a restart/);
+      (next as { server?: unknown }).server = { ...(testConfig() as { server: object }).server, maxBodyBytes: 1000 };
+      writeFileSync(file, JSON.stringify(next));
+      await hup(/changes to these sections apply only after a restart","sections":\["server"\]/);
       writeFileSync(file, '{"plans": 3}');
       await hup(/config reload rejected/);
       assert.equal(await models('sk-carol'), 200);
