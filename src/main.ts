@@ -116,11 +116,20 @@ async function start(options: StartOptions): Promise<void> {
   process.on('SIGHUP', () => {
     if (demo) return logger.warn('SIGHUP ignored: the demo configuration has no file to reload');
     youngGenerationMayGrow(false);
-    const next = loadConfigFile(file);
-    const restartOnly = !next.ok ? [] : (['server', 'limiter', 'ledger'] as const)
-      .filter((section) => JSON.stringify(next.config[section]) !== JSON.stringify(gateway.config[section]));
-    const problems = next.ok ? gateway.reload(next.config) : [];
-    youngGenerationMayGrow(true);
+    let next: ValidateResult;
+    let restartOnly: string[] = [];
+    let problems: string[] = [];
+    try {
+      next = loadConfigFile(file);
+      if (next.ok) {
+        const loaded = next.config;
+        restartOnly = (['server', 'limiter', 'ledger'] as const)
+          .filter((section) => JSON.stringify(loaded[section]) !== JSON.stringify(gateway.config[section]));
+        problems = gateway.reload(loaded);
+      }
+    } finally {
+      youngGenerationMayGrow(true);
+    }
     if (!next.ok) return logger.error('config reload rejected; keeping the running config', { problems: next.errors });
     if (problems.length > 0) return logger.error('config reload rejected: admin changes do not fit it; keeping the running config', { problems });
     logger.info('config reloaded', { config: resolve(file) });
