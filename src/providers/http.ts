@@ -8,6 +8,7 @@ import type { ProtocolAdapter } from './protocols.js';
 import { backoffMs, MAX_ATTEMPTS, RETRY_STATUSES, retryAfterMs } from './retry.js';
 import { SseSplitter } from './sse.js';
 import { usageField } from './usage-field.js';
+import { Watch, Watchlist } from './watchlist.js';
 import type { Exchange, Provider } from './types.js';
 
 /** The most of a provider's non-streamed answer the gateway will hold to meter it. */
@@ -101,8 +102,11 @@ type Outcome =
 export class HttpProvider implements Provider {
   /** Where each endpoint's calls go, parsed once. */
   private readonly targets = new Map<string, Target>();
+  /** Every call's `timeoutMs`. */
+  private readonly timeouts: Watchlist;
 
   constructor(private readonly config: ProviderConfig, private readonly adapter: ProtocolAdapter) {
+    this.timeouts = new Watchlist(config.timeoutMs);
     for (const endpoint of ['chat', 'messages', 'embeddings'] as const) {
       const path = adapter.path(endpoint);
       if (path !== null) this.targets.set(endpoint, targetOf(new URL(config.baseUrl + path)));
@@ -125,31 +129,32 @@ export class HttpProvider implements Provider {
       method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers,
       servername: target.servername,
     };
-    // One timer per call, always of timeoutMs: Node keeps the timers of one duration in one list,
-    // so this costs far less than a timer per attempt with what was left of the deadline
-    // (measured: several µs per request). It covers the answer's headers, retries included,
-    // then, refreshed, the body of a non-streamed answer or of an error.
+    // The call's timeout covers the answer's headers, retries included, then, re-armed, the
+    // body of a non-streamed answer or of an error. It is a Watch on the provider's list, not
+    // a Node timer per call (which costs several µs per request; bench/MORE.md).
     const deadlineAt = performance.now() + this.config.timeoutMs;
     let phase: 'headers' | 'body' | 'over' = 'headers';
     let current: ClientRequest | null = null;
     let waiting: NodeJS.Timeout | null = null;
-    const timer = setTimeout(() => {
+    const watch = new Watch(() => {
       if (waiting !== null) clearTimeout(waiting);
       current?.destroy(); // a body being read is cut: its reader reports it incomplete
       if (phase !== 'headers' || ex.aborted) return;
       phase = 'over';
       ex.upstreamFailed('timeout');
       ex.fail('upstream_timeout', { message: `The provider did not answer within ${this.config.timeoutMs} ms.` });
-    }, this.config.timeoutMs);
+    });
+    const timeouts = this.timeouts;
+    timeouts.arm(watch);
     const call: Call = {
       end() {
         phase = 'over';
-        clearTimeout(timer);
+        timeouts.remove(watch);
         if (waiting !== null) clearTimeout(waiting);
       },
       readingBody() {
         phase = 'body';
-        timer.refresh();
+        timeouts.arm(watch);
       },
     };
     ex.onAbort(() => {
