@@ -29,7 +29,8 @@ import { performance } from 'node:perf_hooks';
 import { FileLedger } from '../src/ledger/file.js';
 import { encodeRecord } from '../src/ledger/record.js';
 import type { LedgerEntry } from '../src/ledger/types.js';
-import { journalStats, machineCpu, median, ROOT, round3, sleep } from './ledger.js';
+import { journalStats, ROOT, round3 } from './ledger.js';
+import { machineCpu, median, sleep } from './rawhttp.js';
 
 const TARGET_MS = 2000;
 const SEGMENT_BYTES = 16 * 1024 * 1024; // FileLedger's default maxSegmentBytes

@@ -30,13 +30,12 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { closeSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { connect, type Socket } from 'node:net';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { FileLedger } from '../src/ledger/file.js';
 import type { LedgerEntry } from '../src/ledger/types.js';
-import { Histogram } from './load.js';
+import { closedLoop, median, openSocket, sleep } from './rawhttp.js';
 
 export const ROOT = resolve(__dirname, '..');
 const TARGET_RATIO = 0.8; // file-ledger req/s >= 0.80 x memory-ledger req/s
@@ -79,47 +78,9 @@ function parseFlags(argv: string[]): Flags {
 // Small shared helpers (bench/ledger-startup.ts uses them too)
 // ---------------------------------------------------------------------------------------------
 
-export function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms));
-}
-
-export function median(values: number[]): number {
-  const s = [...values].sort((a, b) => a - b);
-  const mid = s.length >> 1;
-  return s.length === 0 ? NaN : s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
-}
-
 export const round3 = (x: number) => Math.round(x * 1000) / 1000;
 const int = (n: number) => Math.round(n).toLocaleString('en-US');
 const msText = (us: number) => (us / 1000).toFixed(2);
-
-/** CPU seconds (user + system) a process has used, from /proc/PID/stat; null where unavailable. */
-function processCpuS(pid: number | undefined): number | null {
-  if (pid === undefined) return null;
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-    return (Number(fields[11]) + Number(fields[12])) / 100; // utime + stime, USER_HZ = 100
-  } catch {
-    return null;
-  }
-}
-
-/**
- * Machine-wide CPU jiffies from /proc/stat (Linux): busy (run in this VM: not idle, iowait or
- * steal), stolen (wanted but given by the hypervisor to other guests of the host), total; null elsewhere.
- */
-export function machineCpu(): { busy: number; total: number; steal: number } | null {
-  try {
-    // "cpu user nice system idle iowait irq softirq steal guest guest_nice"; guest is inside user.
-    const f = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/).slice(1, 9).map(Number);
-    const total = f.reduce((a, b) => a + b, 0);
-    const steal = f[7] ?? 0;
-    return { busy: total - f[3]! - f[4]! - steal, total, steal };
-  } catch {
-    return null;
-  }
-}
 
 /** Sum of the sizes of the journal segments and the number of lines (records) in them. */
 export function journalStats(dir: string): { segments: number; bytes: number; lines: number } {
@@ -278,18 +239,6 @@ function contentLength(buf: Buffer, end: number): number {
   return digits === 0 ? -1 : n;
 }
 
-function openSocket(port: number): Promise<Socket> {
-  return new Promise((resolve_, reject) => {
-    const socket = connect({ host: '127.0.0.1', port });
-    socket.once('connect', () => {
-      socket.removeListener('error', reject);
-      socket.setNoDelay(true);
-      resolve_(socket);
-    });
-    socket.once('error', reject);
-  });
-}
-
 interface Check {
   ok: boolean;
   problems: string[];
@@ -353,120 +302,6 @@ async function checkFirst(port: number): Promise<Check> {
   return { ok: problems.length === 0, problems, bodyBytes: body.length };
 }
 
-/** Shared state of one timed run. */
-class Run {
-  readonly histogram = new Histogram();
-  readonly statuses = new Map<number, number>();
-  running = false;
-  counted = 0;
-  badBodies = 0;
-  errors = 0;
-  onAbort: () => void = () => {};
-  private conns: Conn[] = [];
-  private drained: (() => void) | null = null;
-
-  constructor(readonly request: Buffer, readonly expectedBytes: number) {}
-
-  start(conns: Conn[]): void {
-    this.conns = conns;
-    this.running = true;
-    for (const c of conns) c.send();
-  }
-
-  done(conn: Conn, status: number, ms: number, bodyBytes: number): void {
-    this.statuses.set(status, (this.statuses.get(status) ?? 0) + 1);
-    if (status === 200 && bodyBytes !== this.expectedBytes) this.badBodies++;
-    if (this.running) {
-      this.histogram.record(ms * 1000);
-      this.counted++;
-      conn.send();
-    } else this.checkDrained();
-  }
-
-  fail(): void {
-    this.errors++;
-    if (this.running) {
-      this.running = false; // a broken connection spoils the run: end it early
-      this.onAbort();
-    }
-    this.checkDrained();
-  }
-
-  stop(): Promise<void> {
-    this.running = false;
-    return new Promise((r) => {
-      this.drained = r;
-      this.checkDrained();
-    });
-  }
-
-  private checkDrained(): void {
-    if (this.drained !== null && !this.conns.some((c) => c.busy)) this.drained();
-  }
-}
-
-/** One keep-alive connection in a closed loop: write the request, parse by content-length. */
-class Conn {
-  busy = false;
-  private dead = false;
-  private pending: Buffer | null = null;
-  private bodyLeft = -1;
-  private status = 0;
-  private length = 0;
-  private sentAt = 0;
-
-  constructor(private readonly socket: Socket, private readonly run: Run) {
-    socket.on('data', (chunk: Buffer) => this.onData(chunk));
-    socket.on('error', () => this.die());
-    socket.on('close', () => this.die());
-  }
-
-  send(): void {
-    this.busy = true;
-    this.sentAt = performance.now();
-    this.socket.write(this.run.request);
-  }
-
-  close(): void {
-    this.dead = true;
-    this.socket.destroy();
-  }
-
-  private die(): void {
-    if (this.dead) return;
-    this.dead = true;
-    this.socket.destroy();
-    this.run.fail();
-  }
-
-  private onData(chunk: Buffer): void {
-    if (!this.busy) return this.die();
-    if (this.bodyLeft >= 0) return this.onBody(chunk.length);
-    const buf = this.pending === null ? chunk : Buffer.concat([this.pending, chunk]);
-    const end = buf.indexOf(HEADER_END);
-    if (end === -1) {
-      this.pending = buf;
-      return;
-    }
-    this.pending = null;
-    this.status = (buf[9]! - 48) * 100 + (buf[10]! - 48) * 10 + (buf[11]! - 48);
-    const length = contentLength(buf, end);
-    if (length < 0) return this.die();
-    this.length = length;
-    this.bodyLeft = length;
-    this.onBody(buf.length - end - 4);
-  }
-
-  private onBody(bytes: number): void {
-    this.bodyLeft -= bytes;
-    if (this.bodyLeft > 0) return;
-    if (this.bodyLeft < 0) return this.die();
-    this.bodyLeft = -1;
-    this.busy = false;
-    this.run.done(this, this.status, performance.now() - this.sentAt, this.length);
-  }
-}
-
 interface LoadResult {
   rps: number;
   requests: number;
@@ -494,48 +329,29 @@ interface LoadResult {
 }
 
 async function postLoad(server: Server, connections: number, durationS: number, expectedBytes: number): Promise<LoadResult> {
-  const run = new Run(requestBytes(server.port), expectedBytes);
-  const sockets = await Promise.all(Array.from({ length: connections }, () => openSocket(server.port)));
-  const conns = sockets.map((s) => new Conn(s, run));
-  const t0 = performance.now();
-  const loader0 = process.cpuUsage();
-  const server0 = processCpuS(server.child.pid);
-  const machine0 = machineCpu();
-  await new Promise<void>((resolve_) => {
-    const timer = setTimeout(resolve_, durationS * 1000);
-    run.onAbort = () => {
-      clearTimeout(timer);
-      resolve_();
-    };
-    run.start(conns);
+  const r = await closedLoop({
+    port: server.port, requests: [requestBytes(server.port)], durationS, connections, expectBytes: expectedBytes,
+    watch: { server: server.child.pid! },
   });
-  const counted = run.counted;
-  const elapsedS = (performance.now() - t0) / 1000;
-  const loader = process.cpuUsage(loader0);
-  const server1 = processCpuS(server.child.pid);
-  const machine1 = machineCpu();
-  await Promise.race([run.stop(), sleep(5000)]);
-  run.errors += conns.filter((c) => c.busy).length;
-  for (const c of conns) c.close();
-  const h = run.histogram;
-  const serverCpu = server0 === null || server1 === null ? null : (server1 - server0) / elapsedS;
-  const loaderCpu = (loader.user + loader.system) / 1e6 / elapsedS;
+  const serverS = r.cpuS.server ?? null;
+  const serverCpu = serverS === null ? null : serverS / r.elapsedS;
+  const loaderCpu = r.loaderCpuS / r.elapsedS;
   let otherCpu: number | null = null;
   let stealCpu: number | null = null;
-  if (machine0 !== null && machine1 !== null && serverCpu !== null) {
+  if (r.machine !== null && serverCpu !== null) {
     const cores = cpus().length;
-    const total = Math.max(1, machine1.total - machine0.total);
-    otherCpu = Math.max(0, ((machine1.busy - machine0.busy) / total) * cores - serverCpu - loaderCpu);
-    stealCpu = ((machine1.steal - machine0.steal) / total) * cores;
+    const total = Math.max(1, r.machine.total);
+    otherCpu = Math.max(0, (r.machine.busy / total) * cores - serverCpu - loaderCpu);
+    stealCpu = (r.machine.steal / total) * cores;
   }
   return {
-    rps: counted / elapsedS, requests: counted, elapsedS,
-    p50Us: h.quantileUs(0.5), p99Us: h.quantileUs(0.99), maxUs: h.maxUs,
-    statuses: Object.fromEntries([...run.statuses].sort((a, b) => a[0] - b[0]).map(([s, n]) => [String(s), n])),
-    ok200: run.statuses.get(200) ?? 0,
-    badBodies: run.badBodies, errors: run.errors,
+    rps: r.rps, requests: r.requests, elapsedS: r.elapsedS,
+    p50Us: r.total.quantileUs(0.5), p99Us: r.total.quantileUs(0.99), maxUs: r.total.maxUs,
+    statuses: Object.fromEntries(Object.entries(r.statuses).sort((a, b) => Number(a[0]) - Number(b[0]))),
+    ok200: r.statuses['200'] ?? 0,
+    badBodies: r.badBodies, errors: r.errors,
     loaderCpu, serverCpu, otherCpu, stealCpu,
-    cpuUsPerReq: serverCpu === null || counted === 0 ? null : (serverCpu * elapsedS * 1e6) / counted,
+    cpuUsPerReq: serverS === null || r.requests === 0 ? null : (serverS * 1e6) / r.requests,
   };
 }
 

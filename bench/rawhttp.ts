@@ -266,6 +266,8 @@ export interface RunResult {
   loaderCpuS: number;
   /** CPU seconds (user + system) each watched process used in the timed window. */
   cpuS: Record<string, number | null>;
+  /** Machine-wide CPU jiffies over the timed window (closed loop only; null elsewhere or on other systems). */
+  machine: { busy: number; total: number; steal: number } | null;
 }
 
 export interface DriveOptions {
@@ -341,6 +343,7 @@ export async function closedLoop(opts: DriveOptions & { connections: number }): 
   const t0 = performance.now();
   const cpu0 = cpuOf(opts.watch);
   const loader0 = process.cpuUsage();
+  const machine0 = machineCpu();
   running = true;
   for (const c of conns) c.send(opts.requests[next++ % opts.requests.length]!, keep);
   await new Promise<void>((resolve) => {
@@ -354,6 +357,7 @@ export async function closedLoop(opts: DriveOptions & { connections: number }): 
   const elapsedS = (performance.now() - t0) / 1000;
   const loader = process.cpuUsage(loader0);
   const cpu = cpuDelta(cpu0, cpuOf(opts.watch));
+  const machine1 = machineCpu();
   const requests = counted;
   await Promise.race([new Promise<void>((r) => { drained = r; checkDrained(); }), sleep(5000)]);
   const unanswered = conns.filter((c) => c.busy && !c.dead).length;
@@ -363,6 +367,8 @@ export async function closedLoop(opts: DriveOptions & { connections: number }): 
     statuses: Object.fromEntries([...s.statuses].map(([k, v]) => [String(k), v])),
     badBodies: s.badBodies, errors: s.errors + unanswered, queued: 0, sent: requests, unanswered,
     loaderCpuS: (loader.user + loader.system) / 1e6, cpuS: cpu,
+    machine: machine0 === null || machine1 === null ? null
+      : { busy: machine1.busy - machine0.busy, total: machine1.total - machine0.total, steal: machine1.steal - machine0.steal },
   };
 }
 
@@ -433,7 +439,7 @@ export async function openLoop(opts: DriveOptions & { ratePerS: number; pool: nu
     rps: counted / elapsedS, requests: counted, elapsedS, total: s.total, first: s.first,
     statuses: Object.fromEntries([...s.statuses].map(([k, v]) => [String(k), v])),
     badBodies: s.badBodies, errors: s.errors + unanswered, queued: queuedCount, sent, unanswered,
-    loaderCpuS: (loader.user + loader.system) / 1e6, cpuS: cpu,
+    loaderCpuS: (loader.user + loader.system) / 1e6, cpuS: cpu, machine: null,
   };
 }
 
@@ -468,11 +474,17 @@ export function rssBytes(pid: number | undefined): number | null {
   }
 }
 
-/** Machine-wide CPU counters from /proc/stat: total and stolen jiffies. */
-export function machineCpu(): { total: number; steal: number } | null {
+/**
+ * Machine-wide CPU jiffies from /proc/stat (Linux): busy (run in this VM: not idle, iowait or
+ * steal), stolen (wanted but given by the hypervisor to other guests of the host), total; null elsewhere.
+ */
+export function machineCpu(): { busy: number; total: number; steal: number } | null {
   try {
-    const fields = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/).slice(1, 9).map(Number);
-    return { total: fields.reduce((a, b) => a + b, 0), steal: fields[7] ?? 0 };
+    // "cpu user nice system idle iowait irq softirq steal guest guest_nice"; guest is inside user.
+    const f = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/).slice(1, 9).map(Number);
+    const total = f.reduce((a, b) => a + b, 0);
+    const steal = f[7] ?? 0;
+    return { busy: total - f[3]! - f[4]! - steal, total, steal };
   } catch {
     return null;
   }

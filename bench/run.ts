@@ -21,6 +21,7 @@ import { closeSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync }
 import { cpus, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { clean, load, type ExpectedModel, type LoadResult } from './load.js';
+import { machineCpu } from './rawhttp.js';
 
 const ROOT = resolve(__dirname, '..');
 const TARGET_THROUGHPUT = 0.9; // gateway req/s >= 0.90 x baseline
@@ -111,18 +112,6 @@ async function stopServer(server: Server): Promise<void> {
   const timer = setTimeout(() => server.child.kill('SIGKILL'), 5000);
   await exited;
   clearTimeout(timer);
-}
-
-/** Machine-wide CPU counters from /proc/stat (Linux): total and stolen jiffies; null elsewhere. */
-function machineCpu(): { total: number; steal: number } | null {
-  try {
-    // "cpu user nice system idle iowait irq softirq steal guest guest_nice"; guest time is
-    // already inside user, so the total is the first eight.
-    const fields = readFileSync('/proc/stat', 'utf8').split('\n')[0]!.trim().split(/\s+/).slice(1, 9).map(Number);
-    return { total: fields.reduce((a, b) => a + b, 0), steal: fields[7] ?? 0 };
-  } catch {
-    return null;
-  }
 }
 
 /** The commit measured, `+dirty` when src/ has uncommitted changes; null outside a git checkout. */
