@@ -30,7 +30,7 @@ import { Agent, createServer, request as httpRequest, type IncomingMessage } fro
 import type { AddressInfo, Socket } from 'node:net';
 import { cpus, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { Histogram } from './load.js';
+import { Histogram } from './histogram.js';
 import {
   closedLoop, fmtInt, fmtMs, machineCpu, median, non200, once, openLoop, rawRequest, startChild, stopChild, waitForQuiet, watchOthers,
   type Child, type RunResult,

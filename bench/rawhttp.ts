@@ -13,7 +13,7 @@ import { execFile, execFileSync, spawn, type ChildProcess } from 'node:child_pro
 import { closeSync, openSync, readFileSync } from 'node:fs';
 import { connect, createServer as createNetServer, type AddressInfo, type Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
-import { Histogram } from './load.js';
+import { Histogram } from './histogram.js';
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
 
