@@ -30,6 +30,7 @@ import { FileLedger } from '../src/ledger/file.js';
 import { encodeRecord } from '../src/ledger/record.js';
 import type { LedgerEntry } from '../src/ledger/types.js';
 import { journalStats, ROOT, round3 } from './ledger.js';
+import { rng } from '../test/helpers/fake-clock.js';
 import { machineCpu, median, sleep } from './rawhttp.js';
 
 const TARGET_MS = 2000;
@@ -91,24 +92,12 @@ function parseFlags(argv: string[]): Flags {
 // Generation
 // ---------------------------------------------------------------------------------------------
 
-/** A small deterministic PRNG (mulberry32), so every run generates the same history. */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 const accountId = (a: number) => `acct_${String(a).padStart(4, '0')}`;
 const keyId = (a: number, k: number) => `key_${String(a).padStart(4, '0')}_${k === 0 ? 'a' : 'b'}`;
 const INITIAL_CREDIT_MICRO = 1_000_000 * 1_000_000; // 1,000,000 USD: no account runs dry
 
 class History {
-  private readonly random = prng(42);
+  private readonly random = rng(42) // deterministic: every run generates the same history;
   private readonly balances: number[];
   private next = 0;
   private readonly start: number;

@@ -28,14 +28,13 @@
  * Prints per-round tables, a summary and a final JSON line. Exits 1 when an answer is not a
  * correct 200 or the journal does not hold every charge; a missed target is reported, not an error.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
-import { closeSync, mkdtempSync, openSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { FileLedger } from '../src/ledger/file.js';
 import type { LedgerEntry } from '../src/ledger/types.js';
-import { closedLoop, median, openSocket, sleep } from './rawhttp.js';
+import { closedLoop, median, openSocket, sleep, startChild, stopChild, type Child } from './rawhttp.js';
 
 export const ROOT = resolve(__dirname, '..');
 const TARGET_RATIO = 0.8; // file-ledger req/s >= 0.80 x memory-ledger req/s
@@ -101,60 +100,6 @@ export function journalStats(dir: string): { segments: number; bytes: number; li
 // Gateways as child processes
 // ---------------------------------------------------------------------------------------------
 
-export interface Server {
-  name: string;
-  url: string;
-  port: number;
-  child: ChildProcess;
-  stdoutFile: string;
-  stderrFile: string;
-}
-
-/**
- * Starts `node ...args` with stdout and stderr going to files, and waits (at most `timeoutMs`)
- * for the "listening" line. Resolves with the server and the ms from spawn to that line.
- */
-export async function startServer(name: string, args: string[], dir: string, timeoutMs = 15_000): Promise<Server & { startMs: number }> {
-  const stdoutFile = join(dir, `${name}.stdout.log`);
-  const stderrFile = join(dir, `${name}.stderr.log`);
-  const out = openSync(stdoutFile, 'w');
-  const err = openSync(stderrFile, 'w');
-  const t0 = performance.now();
-  const child = spawn(process.execPath, args, { cwd: ROOT, stdio: ['ignore', out, err] });
-  closeSync(out);
-  closeSync(err);
-  let exited: string | null = null;
-  child.on('exit', (code, signal) => {
-    exited = `exited (${signal ?? code})`;
-  });
-  const deadline = t0 + timeoutMs;
-  for (;;) {
-    const text = readFileSync(stdoutFile, 'utf8');
-    const line = text.split('\n').find((l) => l.includes('"msg":"listening"'));
-    if (line !== undefined) {
-      const startMs = performance.now() - t0;
-      const url = (JSON.parse(line) as { url: string }).url;
-      return { name, url, port: Number(new URL(url).port), child, stdoutFile, stderrFile, startMs };
-    }
-    if (exited !== null || performance.now() > deadline) {
-      child.kill('SIGKILL');
-      throw new Error(`${name} did not start: ${exited ?? `no listening line after ${timeoutMs} ms`}\n${readFileSync(stderrFile, 'utf8')}`);
-    }
-    await sleep(5);
-  }
-}
-
-/** SIGTERM (the gateway drains and closes its ledger), SIGKILL after 10 s. */
-export async function stopServer(server: { child: ChildProcess }): Promise<void> {
-  const child = server.child;
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const exited = new Promise((r) => child.once('exit', r));
-  child.kill('SIGTERM');
-  const timer = setTimeout(() => child.kill('SIGKILL'), 10_000);
-  await exited;
-  clearTimeout(timer);
-}
-
 /**
  * The preload both gateways run with: keeps the FileLedger the gateway opens and prints its
  * group-commit counters to stderr on SIGUSR2. Plain CommonJS, written to the temp dir.
@@ -185,7 +130,7 @@ interface CommitStats {
 const probeSeen = new Map<number, number>();
 
 /** Asks the gateway for its FileLedger counters (SIGUSR2) and waits for the answer (<= 2 s). */
-async function readProbe(server: Server): Promise<CommitStats | null> {
+async function readProbe(server: Child): Promise<CommitStats | null> {
   const pid = server.child.pid!;
   const before = probeSeen.get(pid) ?? 0;
   server.child.kill('SIGUSR2');
@@ -328,7 +273,7 @@ interface LoadResult {
   cpuUsPerReq: number | null;
 }
 
-async function postLoad(server: Server, connections: number, durationS: number, expectedBytes: number): Promise<LoadResult> {
+async function postLoad(server: Child, connections: number, durationS: number, expectedBytes: number): Promise<LoadResult> {
   const r = await closedLoop({
     port: server.port, requests: [requestBytes(server.port)], durationS, connections, expectBytes: expectedBytes,
     watch: { server: server.child.pid! },
@@ -419,9 +364,9 @@ async function main(): Promise<number> {
   const flags = parseFlags(process.argv.slice(2));
   const dir = mkdtempSync(join(tmpdir(), 'mg-ledger-bench-'));
   const ledgerDir = join(dir, 'ledger');
-  const servers: Server[] = [];
+  const servers: Child[] = [];
   const cleanup = async () => {
-    await Promise.all(servers.map(stopServer));
+    await Promise.all(servers.map((s) => stopChild(s.child, 10_000))); // the file ledger drains and closes
     rmSync(dir, { recursive: true, force: true });
   };
   // Everything stops by itself: a watchdog well past the planned time.
@@ -451,9 +396,9 @@ async function main(): Promise<number> {
     });
     writeFileSync(join(dir, 'memory.json'), JSON.stringify(config({ store: 'memory' })));
     writeFileSync(join(dir, 'file.json'), JSON.stringify(config({ store: 'file', dir: ledgerDir })));
-    const memory = await startServer('memory', ['-r', probe, 'dist/main.js', '--config', join(dir, 'memory.json'), '--port', '0'], dir);
+    const memory = await startChild('memory', process.execPath, ['-r', probe, 'dist/main.js', '--config', join(dir, 'memory.json'), '--port', '0'], dir, { cwd: ROOT });
     servers.push(memory);
-    const file = await startServer('file', ['-r', probe, 'dist/main.js', '--config', join(dir, 'file.json'), '--port', '0'], dir);
+    const file = await startChild('file', process.execPath, ['-r', probe, 'dist/main.js', '--config', join(dir, 'file.json'), '--port', '0'], dir, { cwd: ROOT });
     servers.push(file);
 
     const cpu = cpus();
@@ -478,7 +423,7 @@ async function main(): Promise<number> {
     if (!ok) return 1;
     process.stdout.write(`first answer checked on both: 200 chat completion, ${checks.get('file')!.bodyBytes} body bytes\n`);
 
-    const runOne = async (s: Server, durationS: number) => {
+    const runOne = async (s: Child, durationS: number) => {
       const before = s === file ? await readProbe(s) : null;
       const r = await postLoad(s, flags.connections, durationS, checks.get(s.name)!.bodyBytes);
       const after = s === file ? await readProbe(s) : null;
@@ -518,7 +463,7 @@ async function main(): Promise<number> {
     const finalProbe = await readProbe(file);
 
     // Stop both (SIGTERM: the gateway drains and closes the ledger), then read the journal.
-    await Promise.all(servers.map(stopServer));
+    await Promise.all(servers.map((s) => stopChild(s.child, 10_000))); // the file ledger drains and closes
     const journal = journalStats(ledgerDir);
     const expectedLines = file200 + 1; // every 200 is one charge, plus the account's one-time credit
     const journalOk = journal.lines === expectedLines;

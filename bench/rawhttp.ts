@@ -533,11 +533,12 @@ export async function startChild(name: string, command: string, args: string[], 
   }
 }
 
-export async function stopChild(child: ChildProcess): Promise<void> {
+/** SIGTERM (a gateway drains and closes its ledger), SIGKILL after `killAfterMs`. */
+export async function stopChild(child: ChildProcess, killAfterMs = 5000): Promise<void> {
   if (child.exitCode !== null || child.signalCode !== null) return;
   const exited = new Promise((r) => child.once('exit', r));
   child.kill('SIGTERM');
-  const timer = setTimeout(() => child.kill('SIGKILL'), 5000);
+  const timer = setTimeout(() => child.kill('SIGKILL'), killAfterMs);
   await exited;
   clearTimeout(timer);
 }

@@ -15,13 +15,13 @@
  * gateway/baseline ratios and a final JSON line. Exits 1 when a correctness check fails or any
  * answer is not a correct 200 (a 429 included); missed targets are reported, not an error.
  */
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { hash, randomBytes } from 'node:crypto';
-import { closeSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { clean, load, type ExpectedModel, type LoadResult } from './load.js';
-import { machineCpu } from './rawhttp.js';
+import { machineCpu, startChild, stopChild, type Child } from './rawhttp.js';
 
 const ROOT = resolve(__dirname, '..');
 const TARGET_THROUGHPUT = 0.9; // gateway req/s >= 0.90 x baseline
@@ -61,58 +61,8 @@ function parseFlags(argv: string[]): Flags {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Servers
+// The source measured (servers are started and stopped with rawhttp.ts's startChild/stopChild)
 // ---------------------------------------------------------------------------------------------
-
-interface Server {
-  name: string;
-  url: string;
-  child: ChildProcess;
-  stderrFile: string;
-}
-
-/**
- * Starts a server with stdout and stderr going to files (the gateway writes an access-log
- * line per request; a file never blocks it and costs this process, the load generator,
- * nothing), then waits for its "listening" line.
- */
-async function startServer(name: string, args: string[], dir: string): Promise<Server> {
-  const stdoutFile = join(dir, `${name}.stdout.log`);
-  const stderrFile = join(dir, `${name}.stderr.log`);
-  const out = openSync(stdoutFile, 'w');
-  const err = openSync(stderrFile, 'w');
-  const child = spawn(process.execPath, args, { cwd: ROOT, stdio: ['ignore', out, err] });
-  closeSync(out);
-  closeSync(err);
-  let exited: string | null = null;
-  child.on('exit', (code, signal) => {
-    exited = `exited (${signal ?? code})`;
-  });
-  const deadline = Date.now() + 15_000;
-  for (;;) {
-    // Reads from the start each time; only startup output is in the file at this point.
-    const text = readFileSync(stdoutFile, 'utf8');
-    const line = text.split('\n').find((l) => l.includes('"msg":"listening"'));
-    if (line !== undefined) {
-      const url = (JSON.parse(line) as { url: string }).url;
-      return { name, url, child, stderrFile };
-    }
-    if (exited !== null || Date.now() > deadline) {
-      child.kill('SIGKILL');
-      throw new Error(`${name} did not start: ${exited ?? 'no listening line after 15 s'}\n${readFileSync(stderrFile, 'utf8')}`);
-    }
-    await sleep(50);
-  }
-}
-
-async function stopServer(server: Server): Promise<void> {
-  if (server.child.exitCode !== null || server.child.signalCode !== null) return;
-  const exited = new Promise((r) => server.child.once('exit', r));
-  server.child.kill('SIGTERM');
-  const timer = setTimeout(() => server.child.kill('SIGKILL'), 5000);
-  await exited;
-  clearTimeout(timer);
-}
 
 /** The commit measured, `+dirty` when src/ has uncommitted changes; null outside a git checkout. */
 function sourceVersion(): string | null {
@@ -122,10 +72,6 @@ function sourceVersion(): string | null {
   } catch {
     return null;
   }
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((r) => setTimeout(r, ms));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -200,9 +146,9 @@ function summarize(rs: Result[]): Summary {
 async function main(): Promise<number> {
   const flags = parseFlags(process.argv.slice(2));
   const dir = mkdtempSync(join(tmpdir(), 'mg-bench-'));
-  const servers: Server[] = [];
+  const servers: Child[] = [];
   const cleanup = async () => {
-    await Promise.all(servers.map(stopServer));
+    await Promise.all(servers.map((s) => stopChild(s.child)));
     rmSync(dir, { recursive: true, force: true });
   };
   process.once('SIGINT', () => {
@@ -231,10 +177,10 @@ async function main(): Promise<number> {
     writeFileSync(windowed, JSON.stringify(config({ rpm: flags.rpm, concurrency: 100_000 })));
     writeFileSync(unlimited, JSON.stringify(config({ concurrency: 100_000 })));
 
-    servers.push(await startServer('baseline', ['--import', 'tsx', 'bench/baseline.ts', '--config', windowed, '--port', '0'], dir));
-    servers.push(await startServer('gateway', ['dist/main.js', '--config', windowed, '--port', '0'], dir));
-    servers.push(await startServer('gateway-unlimited', ['dist/main.js', '--config', unlimited, '--port', '0'], dir));
-    if (flags.nolog) servers.push(await startServer('gateway-nolog', ['--import', 'tsx', 'bench/gateway-nolog.ts', '--config', windowed], dir));
+    servers.push(await startChild('baseline', process.execPath, ['--import', 'tsx', 'bench/baseline.ts', '--config', windowed, '--port', '0'], dir, { cwd: ROOT }));
+    servers.push(await startChild('gateway', process.execPath, ['dist/main.js', '--config', windowed, '--port', '0'], dir, { cwd: ROOT }));
+    servers.push(await startChild('gateway-unlimited', process.execPath, ['dist/main.js', '--config', unlimited, '--port', '0'], dir, { cwd: ROOT }));
+    if (flags.nolog) servers.push(await startChild('gateway-nolog', process.execPath, ['--import', 'tsx', 'bench/gateway-nolog.ts', '--config', windowed], dir, { cwd: ROOT }));
 
     const cpu = cpus();
     const commit = sourceVersion();
@@ -245,7 +191,7 @@ async function main(): Promise<number> {
     );
 
     let ok = true;
-    const runOne = async (server: Server, durationS: number): Promise<Result> => {
+    const runOne = async (server: Child, durationS: number): Promise<Result> => {
       const before = machineCpu();
       const r = await load({
         url: server.url, path: '/v1/models', headers: { authorization: `Bearer ${key}` },
