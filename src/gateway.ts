@@ -1,4 +1,4 @@
-import { hash, randomBytes } from 'node:crypto';
+import { hash } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import { systemClock, type Clock } from './clock.js';
@@ -7,6 +7,7 @@ import { Directory, type AccountEntry } from './directory.js';
 import { GatewayError } from './errors.js';
 import { RequestContext, validIdempotencyKey } from './http/context.js';
 import { sendError, sendErrorSpec } from './http/reply.js';
+import { newEntryId } from './ledger/entry-id.js';
 import { MemoryLedger } from './ledger/memory.js';
 import type { Ledger, LedgerEntry } from './ledger/types.js';
 import { MemoryLimiter } from './limiter/memory.js';
@@ -31,13 +32,6 @@ export interface GatewayOptions {
   /** Enables /admin/v1/ with this key (plaintext; only its hash is kept) and keeps changes in `adminStore`. */
   adminKey?: string;
   adminStore?: AdminStore;
-}
-
-/** Ledger entry ids: a random per-process prefix plus a counter, unique across instances and restarts. */
-const ENTRY_PREFIX = `txn_${randomBytes(5).toString('hex')}`;
-let entryCounter = 0;
-function newEntryId(): string {
-  return `${ENTRY_PREFIX}${(++entryCounter).toString(36).padStart(5, '0')}`;
 }
 
 /**
@@ -248,9 +242,12 @@ export class Gateway {
     }, (err: unknown) => this.fault(ctx, res, err));
   }
 
-  /** Records a ledger entry with a fresh id; a promise resolves when it is durable. */
-  record(entry: Omit<LedgerEntry, 'id'>): void | Promise<void> {
-    const done = this.ledger.append({ id: newEntryId(), ...entry });
+  /**
+   * Records a ledger entry (its id from newEntryId, written first in the literal so every
+   * entry has one shape); a promise resolves when it is durable.
+   */
+  record(entry: LedgerEntry): void | Promise<void> {
+    const done = this.ledger.append(entry);
     if (done instanceof Promise) {
       done.catch((err: unknown) => this.logger.error('ledger append failed', { request_id: entry.requestId, error: String(err) }));
     }
@@ -283,7 +280,7 @@ export class Gateway {
     const write = (balance: number | null) => {
       if (balance === null || account.initialCreditMicro === 0) return;
       void this.record({
-        type: 'credit', accountId: account.id, keyId: null, amountMicro: account.initialCreditMicro, balanceAfterMicro: balance,
+        id: newEntryId(), type: 'credit', accountId: account.id, keyId: null, amountMicro: account.initialCreditMicro, balanceAfterMicro: balance,
         createdAt: this.clock.now(), requestId: null, model: null, inputTokens: 0, outputTokens: 0, estimated: false,
         note: 'initial balance from config',
       });

@@ -59,12 +59,20 @@ export class Logger {
 
   private lastMs = 0;
   private lastIso = '';
+  private lastSecond = -1;
+  /** `YYYY-MM-DDTHH:MM:SS.` of lastSecond: the date is formatted once a second, not once a millisecond. */
+  private secondPrefix = '';
 
   private isoNow(): string {
     const now = Date.now();
     if (now !== this.lastMs) {
       this.lastMs = now;
-      this.lastIso = new Date(now).toISOString();
+      const ms = now % 1000;
+      if (now - ms !== this.lastSecond) {
+        this.lastSecond = now - ms;
+        this.secondPrefix = new Date(this.lastSecond).toISOString().slice(0, 20);
+      }
+      this.lastIso = `${this.secondPrefix}${ms < 10 ? '00' : ms < 100 ? '0' : ''}${ms}Z`;
     }
     return this.lastIso;
   }

@@ -21,6 +21,7 @@ export class LedgerBook {
   readonly totals = new Map<string, AccountTotals>();
   /** account -> "day\tmodel\tkey" -> cell */
   private readonly cells = new Map<string, Map<string, Cell>>();
+  private last: { accountId: string; day: number; model: string | null; keyId: string | null; cell: Cell } | null = null;
 
   apply(e: LedgerEntry): void {
     const day = Math.floor(e.createdAt / DAY_MS);
@@ -36,21 +37,34 @@ export class LedgerBook {
       t.spentMicro = 0;
     }
     if (day === t.day) t.spentMicro -= e.amountMicro;
-    let cells = this.cells.get(e.accountId);
+    const cell = this.cellOf(e.accountId, day, e.model, e.keyId);
+    cell.requests++;
+    cell.inputTokens += e.inputTokens;
+    cell.outputTokens += e.outputTokens;
+    cell.costMicro -= e.amountMicro;
+  }
+
+  /**
+   * The cell of one account, day, model and key. The last one found is remembered: calls in a
+   * row for the same key and model (the usual case under load) then skip building and hashing
+   * the cell's map key.
+   */
+  private cellOf(accountId: string, day: number, model: string | null, keyId: string | null): Cell {
+    const last = this.last;
+    if (last !== null && last.day === day && last.accountId === accountId && last.model === model && last.keyId === keyId) return last.cell;
+    let cells = this.cells.get(accountId);
     if (cells === undefined) {
       cells = new Map();
-      this.cells.set(e.accountId, cells);
+      this.cells.set(accountId, cells);
     }
-    const key = `${day}\t${e.model ?? ''}\t${e.keyId ?? ''}`;
+    const key = `${day}\t${model ?? ''}\t${keyId ?? ''}`;
     let cell = cells.get(key);
     if (cell === undefined) {
       cell = { requests: 0, inputTokens: 0, outputTokens: 0, costMicro: 0 };
       cells.set(key, cell);
     }
-    cell.requests++;
-    cell.inputTokens += e.inputTokens;
-    cell.outputTokens += e.outputTokens;
-    cell.costMicro -= e.amountMicro;
+    this.last = { accountId, day, model, keyId, cell };
+    return cell;
   }
 
   usage(accountId: string, startDay: number, endDay: number, groupBy: GroupBy): UsageRow[] {

@@ -59,25 +59,47 @@ function targetOf(url: URL): Target {
   };
 }
 
-/** Headers of the provider's answer worth passing on to the client, as they are. */
-const PASSED_HEADERS = new Set(['openai-processing-ms', 'openai-version', 'anthropic-organization-id']);
+/** `name` (a raw header name) is `lower` (lower case, same length), in any case. */
+function is(name: string, lower: string): boolean {
+  // Most providers send lower-case names; the first letter rules out most others unlowered.
+  return name === lower || ((name.charCodeAt(0) | 0x20) === lower.charCodeAt(0) && name.toLowerCase() === lower);
+}
 
 /**
- * The content type of a provider's answer and the headers passed on (its request id renamed
- * `x-upstream-request-id`), read in one pass over rawHeaders: cheaper than `res.headers`,
- * which builds an object of every header.
+ * The content type of a provider's answer and the headers passed on to the client as they are
+ * (openai-processing-ms, openai-version, anthropic-organization-id; the provider's request id
+ * renamed `x-upstream-request-id`), read in one pass over rawHeaders: cheaper than
+ * `res.headers`, which builds an object of every header. Names are told apart by length
+ * first, so most are never lower-cased or hashed.
  */
 function answerHeaders(res: IncomingMessage): { contentType: string; passed: string[] } {
   let contentType = 'application/json';
   const passed: string[] = [];
   let upstreamId: string | undefined;
+  let requestId: string | undefined;
   const raw = res.rawHeaders;
   for (let i = 0; i < raw.length; i += 2) {
-    const name = raw[i]!.toLowerCase();
-    if (name === 'content-type') contentType = raw[i + 1]!;
-    else if (name === 'x-request-id' || (name === 'request-id' && upstreamId === undefined)) upstreamId = raw[i + 1]!;
-    else if (PASSED_HEADERS.has(name)) passed.push(name, raw[i + 1]!);
+    const name = raw[i]!;
+    switch (name.length) {
+      case 10:
+        if (is(name, 'request-id')) requestId ??= raw[i + 1]!;
+        break;
+      case 12:
+        if (is(name, 'content-type')) contentType = raw[i + 1]!;
+        else if (is(name, 'x-request-id')) upstreamId = raw[i + 1]!;
+        break;
+      case 14:
+        if (is(name, 'openai-version')) passed.push('openai-version', raw[i + 1]!);
+        break;
+      case 20:
+        if (is(name, 'openai-processing-ms')) passed.push('openai-processing-ms', raw[i + 1]!);
+        break;
+      case 25:
+        if (is(name, 'anthropic-organization-id')) passed.push('anthropic-organization-id', raw[i + 1]!);
+        break;
+    }
   }
+  upstreamId ??= requestId;
   if (upstreamId !== undefined) passed.push('x-upstream-request-id', upstreamId);
   return { contentType, passed };
 }
@@ -104,9 +126,12 @@ export class HttpProvider implements Provider {
   private readonly targets = new Map<string, Target>();
   /** Every call's `timeoutMs`. */
   private readonly timeouts: Watchlist;
+  /** The provider's credential header, built once. */
+  private readonly credentials: string[];
 
   constructor(private readonly config: ProviderConfig, private readonly adapter: ProtocolAdapter) {
     this.timeouts = new Watchlist(config.timeoutMs);
+    this.credentials = adapter.credentials(config.apiKey);
     for (const endpoint of ['chat', 'messages', 'embeddings'] as const) {
       const path = adapter.path(endpoint);
       if (path !== null) this.targets.set(endpoint, targetOf(new URL(config.baseUrl + path)));
@@ -123,7 +148,8 @@ export class HttpProvider implements Provider {
       'accept', ex.stream ? 'text/event-stream' : 'application/json',
       'accept-encoding', 'identity', // the gateway reads usage out of the answer
       'x-request-id', ex.requestId,
-      ...this.adapter.headers(this.config.apiKey, ex),
+      ...this.credentials,
+      ...this.adapter.headers(ex),
     ];
     const options = {
       method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers,
@@ -171,7 +197,7 @@ export class HttpProvider implements Provider {
       const settle = (outcome: Outcome) => {
         if (done || phase !== 'headers') return;
         done = true;
-        this.onOutcome(ex, outcome, n, deadlineAt - performance.now(), call, (wait) => {
+        this.onOutcome(ex, outcome, n, deadlineAt, call, (wait) => {
           waiting = setTimeout(() => { waiting = null; attempt(n + 1); }, wait);
         });
       };
@@ -186,12 +212,12 @@ export class HttpProvider implements Provider {
   }
 
   /** What one attempt's outcome leads to: another attempt, the answer relayed, or an error answered. */
-  private onOutcome(ex: Exchange, outcome: Outcome, n: number, leftMs: number, call: Call, retry: (waitMs: number) => void): void {
+  private onOutcome(ex: Exchange, outcome: Outcome, n: number, deadlineAt: number, call: Call, retry: (waitMs: number) => void): void {
     if (ex.aborted) return call.end();
     if (outcome.kind === 'error') {
       ex.upstreamFailed('connection');
       const wait = backoffMs(n, null);
-      if (n < MAX_ATTEMPTS && wait < leftMs) return retry(wait);
+      if (n < MAX_ATTEMPTS && wait < deadlineAt - performance.now()) return retry(wait);
       call.end();
       return ex.fail('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
     }
@@ -203,7 +229,7 @@ export class HttpProvider implements Provider {
     const providerWait = retryAfterMs(res.headers, Date.now());
     if (RETRY_STATUSES.has(status)) {
       const wait = backoffMs(n, providerWait);
-      if (n < MAX_ATTEMPTS && wait < leftMs && (status !== 429 || providerWait === null || providerWait <= 5000)) {
+      if (n < MAX_ATTEMPTS && wait < deadlineAt - performance.now() && (status !== 429 || providerWait === null || providerWait <= 5000)) {
         res.resume(); // discard, keep the connection for reuse
         return retry(wait);
       }
@@ -237,14 +263,13 @@ export class HttpProvider implements Provider {
           ex.upstreamFailed('cut');
           return ex.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
         }
-        // Usage is read out of the answer; the whole answer is parsed only when that fails
-        // (no usage field, or something that may not be JSON at all).
-        const text = answer.toString('utf8');
-        const usage = usageField(text);
+        // Usage is read out of the answer's bytes; the whole answer is decoded and parsed only
+        // when that fails (no usage field, or something that may not be JSON at all).
+        const usage = usageField(answer);
         let json: unknown = { usage };
         if (usage === undefined) {
           try {
-            json = JSON.parse(text);
+            json = JSON.parse(answer.toString('utf8'));
           } catch {
             ex.upstreamFailed('garbage');
             return ex.fail('upstream_error', { message: 'The provider answered something that is not JSON.' });

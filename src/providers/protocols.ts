@@ -15,8 +15,10 @@ export interface StreamWatcher {
 export interface ProtocolAdapter {
   /** The upstream path (appended to baseUrl) for an endpoint, or null when this protocol has none. */
   path(endpoint: Endpoint): string | null;
-  /** Request headers for the provider (credentials and protocol headers), as name/value pairs. */
-  headers(apiKey: string | null, ex: Exchange): string[];
+  /** The credential header for the provider's key, as name/value pairs (built once per provider). */
+  credentials(apiKey: string | null): string[];
+  /** Protocol headers of one call, as name/value pairs. */
+  headers(ex: Exchange): readonly string[];
   /** The client's body rewritten for upstream (model swapped, usage requested, thinking on). */
   body(ex: Exchange): Record<string, unknown>;
   /** Usage from a complete JSON answer, or null. */
@@ -24,6 +26,8 @@ export interface ProtocolAdapter {
   /** A watcher for one stream; also counts the generated characters for estimates. */
   watch(ex: Exchange): StreamWatcher;
 }
+
+const NO_HEADERS: readonly string[] = Object.freeze([]);
 
 const int = (v: unknown): number => (typeof v === 'number' && Number.isFinite(v) && v > 0 ? Math.floor(v) : 0);
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
@@ -35,13 +39,25 @@ function openaiUsage(u: unknown): Usage | null {
   return { inputTokens: Math.max(0, prompt - cached), outputTokens: int(u.completion_tokens), cacheReadTokens: cached, cacheWriteTokens: 0 };
 }
 
+/**
+ * A copy of the client's body with the upstream model. Copied whole, then `model` assigned:
+ * `{ ...body, model }` would define `model` again through V8's slow path on every call.
+ */
+function upstreamBody(ex: Exchange): Record<string, unknown> {
+  const body = { ...ex.body };
+  body.model = ex.model.upstreamModel;
+  return body;
+}
+
 const openai: ProtocolAdapter = {
   path: (endpoint) => (endpoint === 'chat' ? '/chat/completions' : endpoint === 'embeddings' ? '/embeddings' : null),
 
-  headers: (apiKey) => (apiKey === null ? [] : ['authorization', `Bearer ${apiKey}`]),
+  credentials: (apiKey) => (apiKey === null ? [] : ['authorization', `Bearer ${apiKey}`]),
+
+  headers: () => NO_HEADERS,
 
   body(ex) {
-    const body: Record<string, unknown> = { ...ex.body, model: ex.model.upstreamModel };
+    const body = upstreamBody(ex);
     if (ex.stream) {
       // Usage is how the call is metered: always ask for it (the extra chunk is removed again
       // below when the client did not ask for it).
@@ -111,16 +127,17 @@ export function thinkingLimits(maxTokens: number): { budget: number; maxTokens: 
 const anthropic: ProtocolAdapter = {
   path: (endpoint) => (endpoint === 'messages' ? '/v1/messages' : null),
 
-  headers(apiKey, ex) {
+  credentials: (apiKey) => (apiKey === null ? [] : ['x-api-key', apiKey]),
+
+  headers(ex) {
     const headers = ['anthropic-version', ex.header('anthropic-version') ?? '2023-06-01'];
     const beta = ex.header('anthropic-beta');
     if (beta !== undefined) headers.push('anthropic-beta', beta);
-    if (apiKey !== null) headers.push('x-api-key', apiKey);
     return headers;
   },
 
   body(ex) {
-    const body: Record<string, unknown> = { ...ex.body, model: ex.model.upstreamModel };
+    const body = upstreamBody(ex);
     if (body.max_tokens === undefined) body.max_tokens = ex.maxOutputTokens; // required upstream
     if (ex.model.thinking && body.thinking === undefined) {
       // A `-thinking` id: extended thinking on, within the client's output budget where it allows.

@@ -3,6 +3,7 @@ import type { ModelEntry } from '../directory.js';
 import { ERRORS, type ErrorCode, type ErrorDetails, type ErrorSpec } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import { readBody, type BodyResult } from '../http/body.js';
+import { newEntryId } from '../ledger/entry-id.js';
 import type { RequestContext } from '../http/context.js';
 import { baseHeaders, sendError, sendErrorSpec } from '../http/reply.js';
 import type { Ticket } from '../limiter/types.js';
@@ -211,7 +212,7 @@ class LiveExchange implements Exchange {
     gw.metrics.charge(this.model.id, usage.inputTokens + usage.cacheReadTokens + usage.cacheWriteTokens, usage.outputTokens, cost);
     // Every call is recorded: billable ones as charges (billing history), free ones as usage only.
     const write = (balanceAfterMicro: number | null) => gw.record({
-      type: this.model.billable ? 'charge' : 'usage', accountId: this.ticket.accountId, keyId: this.ctx.key!.id,
+      id: newEntryId(), type: this.model.billable ? 'charge' : 'usage', accountId: this.ticket.accountId, keyId: this.ctx.key!.id,
       amountMicro: -cost, balanceAfterMicro, createdAt: gw.clock.now(), requestId: this.ctx.id, model: this.model.id,
       inputTokens: usage.inputTokens + usage.cacheReadTokens + usage.cacheWriteTokens, outputTokens: usage.outputTokens,
       estimated, note: null,

@@ -65,6 +65,44 @@ describe('LedgerBook', () => {
     assert.deepEqual(book.usage('a', d0, d0 + 1, 'key').map((r) => [r.keyId, r.requests]), [['k1', 2], ['k2', 1]]);
     assert.deepEqual(LedgerBook.load(JSON.parse(JSON.stringify(book.save()))).usage('a', d0, d0 + 1, 'day'), book.usage('a', d0, d0 + 1, 'day'));
   });
+
+  test('property: usage equals a plain sum over the entries, whatever their order (runs of one cell and switches)', () => {
+    const next = rng(7);
+    const pick = <T>(xs: T[]): T => xs[Math.floor(next() * xs.length)]!;
+    const book = new LedgerBook();
+    const expected = new Map<string, number>();
+    let current = { account: 'a', day: 0, model: 'm1' as string | null, key: 'k1' as string | null };
+    for (let i = 0; i < 3000; i++) {
+      // Mostly runs of the same cell (as under load), sometimes a switch of one field.
+      if (next() < 0.3) {
+        current = { ...current };
+        const field = pick(['account', 'day', 'model', 'key'] as const);
+        if (field === 'account') current.account = pick(['a', 'b']);
+        if (field === 'day') current.day = pick([0, 1, 2]);
+        if (field === 'model') current.model = pick(['m1', 'm2', null]);
+        if (field === 'key') current.key = pick(['k1', 'k2', null]);
+      }
+      const micro = 1 + Math.floor(next() * 100);
+      book.apply(charge(current.account, micro, T0 + current.day * DAY_MS, { model: current.model, keyId: current.key }));
+      const cell = `${current.account}/${current.day}/${current.model}/${current.key}`;
+      expected.set(cell, (expected.get(cell) ?? 0) + micro);
+    }
+    const d0 = Math.floor(T0 / DAY_MS);
+    for (const account of ['a', 'b']) {
+      for (const day of [0, 1, 2]) {
+        for (const model of ['m1', 'm2', null]) {
+          const rows = book.usage(account, d0 + day, d0 + day, 'model').filter((r) => r.model === model);
+          const want = [...expected].filter(([k]) => k.startsWith(`${account}/${day}/${model}/`)).reduce((sum, [, v]) => sum + v, 0);
+          assert.equal(rows.reduce((sum, r) => sum + r.costMicro, 0), want, `${account} day ${day} ${model}`);
+        }
+        for (const key of ['k1', 'k2', null]) {
+          const rows = book.usage(account, d0 + day, d0 + day, 'key').filter((r) => r.keyId === key);
+          const want = [...expected].filter(([k]) => k.startsWith(`${account}/${day}/`) && k.endsWith(`/${key}`)).reduce((sum, [, v]) => sum + v, 0);
+          assert.equal(rows.reduce((sum, r) => sum + r.costMicro, 0), want, `${account} day ${day} ${key}`);
+        }
+      }
+    }
+  });
 });
 
 for (const kind of ['memory', 'file'] as const) {

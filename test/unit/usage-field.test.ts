@@ -1,6 +1,9 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { usageField } from '../../src/providers/usage-field.js';
+import { usageField as usageOfBytes } from '../../src/providers/usage-field.js';
+
+/** The answer as the provider's bytes (UTF-8), which is what the gateway scans. */
+const usageField = (text: string): unknown => usageOfBytes(Buffer.from(text, 'utf8'));
 import { rng } from '../helpers/fake-clock.js';
 
 const USAGE = { prompt_tokens: 12, completion_tokens: 9, total_tokens: 21, prompt_tokens_details: { cached_tokens: 4 } };
