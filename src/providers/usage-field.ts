@@ -24,7 +24,7 @@ export function usageField(answer: Buffer): unknown {
   return undefined;
 }
 
-const USAGE_KEY = '"usage"';
+const USAGE_KEY = Buffer.from('"usage"');
 
 /** The usage object whose key starts at `at`, if that is a top-level key with an object value. */
 function usageAt(bytes: Buffer, at: number): unknown {
