@@ -53,8 +53,20 @@ export class Logger {
     const whole = Math.floor(us / 1000);
     const frac = us - whole * 1000;
     this.push(
-      `{"time":"${this.isoNow()}","level":"info","msg":"request","request_id":"${requestId}","method":${quote(method)},"path":${quote(path)},"status":${status},"ms":${whole}.${frac < 10 ? '00' : frac < 100 ? '0' : ''}${frac},"account_id":${accountId === null ? 'null' : `"${accountId}"`}}`,
+      `{"time":"${this.isoNow()}","level":"info","msg":"request","request_id":"${requestId}","method":${quote(method)},"path":${this.quotePath(path)},"status":${status},"ms":${whole}.${frac < 10 ? '00' : frac < 100 ? '0' : ''}${frac},"account_id":${accountId === null ? 'null' : `"${accountId}"`}}`,
     );
+  }
+
+  private lastPath = '';
+  private lastPathQuoted = '""';
+
+  /** quote(path), remembered for the last path: under load most requests go to the same one. */
+  private quotePath(path: string): string {
+    if (path !== this.lastPath) {
+      this.lastPath = path;
+      this.lastPathQuoted = quote(path);
+    }
+    return this.lastPathQuoted;
   }
 
   private lastMs = 0;
