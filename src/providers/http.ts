@@ -1,9 +1,9 @@
-import { Agent as HttpAgent, request as httpRequest, type IncomingMessage, type ClientRequest } from 'node:http';
-import { Agent as HttpsAgent, request as httpsRequest } from 'node:https';
-import { isIP } from 'node:net';
+import { request as httpRequest, type Agent as HttpAgent, type IncomingMessage, type ClientRequest } from 'node:http';
+import { request as httpsRequest } from 'node:https';
 import { performance } from 'node:perf_hooks';
 import type { ProviderConfig } from '../config/types.js';
 import { upstreamStatusSpec } from '../errors.js';
+import { ConnectionPool } from './pool.js';
 import type { ProtocolAdapter } from './protocols.js';
 import { backoffMs, MAX_ATTEMPTS, RETRY_STATUSES, retryAfterMs } from './retry.js';
 import { SseSplitter } from './sse.js';
@@ -16,17 +16,16 @@ const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
 /** The most of a provider's error body read for its message. */
 const MAX_ERROR_BYTES = 64 * 1024;
 
-// Keep-alive agents live as long as the process and are shared across config reloads, keyed by
+// Connection pools live as long as the process and are shared across config reloads, keyed by
 // origin, so a reload neither drops warm connections nor leaks old pools.
-const agents = new Map<string, HttpAgent>();
-function agentFor(url: URL): HttpAgent {
-  let agent = agents.get(url.origin);
-  if (agent === undefined) {
-    const options = { keepAlive: true, maxSockets: 1024, scheduling: 'lifo' as const };
-    agent = url.protocol === 'https:' ? new HttpsAgent(options) : new HttpAgent(options);
-    agents.set(url.origin, agent);
+const pools = new Map<string, ConnectionPool>();
+function poolFor(url: URL, hostname: string, port: number): ConnectionPool {
+  let pool = pools.get(url.origin);
+  if (pool === undefined) {
+    pool = new ConnectionPool({ protocol: url.protocol === 'https:' ? 'https:' : 'http:', hostname, port });
+    pools.set(url.origin, pool);
   }
-  return agent;
+  return pool;
 }
 
 /**
@@ -36,26 +35,25 @@ function agentFor(url: URL): HttpAgent {
  */
 interface Target {
   send: typeof httpRequest;
+  /** The origin's pool, typed as what http.request takes (it takes any object with addRequest). */
   agent: HttpAgent;
   hostname: string;
   port: number;
   path: string;
   host: string;
-  /** TLS SNI ('' for plain HTTP and IP addresses); given, so Node does not work it out per call. */
-  servername: string;
 }
 
 function targetOf(url: URL): Target {
   const https = url.protocol === 'https:';
   const hostname = url.hostname.startsWith('[') ? url.hostname.slice(1, -1) : url.hostname;
+  const port = Number(url.port) || (https ? 443 : 80);
   return {
     send: https ? httpsRequest : httpRequest,
-    agent: agentFor(url),
+    agent: poolFor(url, hostname, port) as unknown as HttpAgent,
     hostname,
-    port: Number(url.port) || (https ? 443 : 80),
+    port,
     path: url.pathname + url.search,
     host: url.host,
-    servername: https && isIP(hostname) === 0 ? hostname : '',
   };
 }
 
@@ -153,7 +151,6 @@ export class HttpProvider implements Provider {
     ];
     const options = {
       method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers,
-      servername: target.servername,
     };
     // The call's timeout covers the answer's headers, retries included, then, re-armed, the
     // body of a non-streamed answer or of an error. It is a Watch on the provider's list, not
