@@ -1,0 +1,131 @@
+/**
+ * Instructions per proxied call, counted by valgrind's callgrind: the bare Node proxy of
+ * proxy.ts against one or more builds of the gateway. Timings on this 2-vCPU VM move by ±10 %
+ * from one minute to the next; instruction counts repeat within about 1 %, so this is how a
+ * change to the hot path is judged before the timed bench (proxy.ts) confirms it.
+ *
+ *   npm run build && node --import tsx bench/instructions.ts [--gateway NAME=DIST_DIR ...]
+ *     [--warmup 15] [--window 8] [--windows 3]
+ *
+ * Each server runs under `valgrind --tool=callgrind` with instrumentation off, is warmed up
+ * with a closed loop (32 connections) for --warmup seconds, then counts instructions over
+ * --windows windows of --window seconds each (after one more that is thrown away). Reported: instructions of the main (JavaScript)
+ * thread per answered request, per window, with the median; the V8 helper threads (GC) are left
+ * out because valgrind runs them at a different pace than real time, which changes how much
+ * they do. The gateway defaults to `dist/` (`--gateway gateway=dist`); several builds can be
+ * compared in one run (copy each build's dist/ aside first). Needs valgrind (on every machine
+ * of this kind). Takes about a minute per server and window setting.
+ */
+import { execFileSync } from 'node:child_process';
+import { hash, randomBytes } from 'node:crypto';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { closedLoop, median, once, rawRequest, startChild, stopChild, type Child } from './rawhttp.js';
+
+const ROOT = resolve(__dirname, '..');
+
+/** callgrind_control, quietly: -i on|off (instrumentation), -z (zero the counters), -d (dump). */
+function control(flag: string, value: string | null, pid: number): void {
+  execFileSync('callgrind_control', value === null ? [flag, String(pid)] : [flag, value, String(pid)], { stdio: 'ignore' });
+}
+const PROXY = join(__dirname, 'proxy.ts');
+
+interface Flags { gateways: Array<[string, string]>; warmupS: number; windowS: number; windows: number }
+
+function parseFlags(argv: string[]): Flags {
+  const flags: Flags = { gateways: [], warmupS: 15, windowS: 8, windows: 3 };
+  for (let i = 0; i < argv.length; i++) {
+    const name = argv[i]!;
+    const value = argv[++i];
+    if (name === '--gateway' && value !== undefined && /^[\w-]+=.+$/.test(value)) {
+      const [label, dir] = value.split('=', 2) as [string, string];
+      flags.gateways.push([label, dir]);
+    } else if (['--warmup', '--window', '--windows'].includes(name) && Number(value) > 0) {
+      if (name === '--warmup') flags.warmupS = Number(value);
+      if (name === '--window') flags.windowS = Number(value);
+      if (name === '--windows') flags.windows = Number(value);
+    } else {
+      process.stderr.write('usage: instructions.ts [--gateway NAME=DIST_DIR ...] [--warmup S] [--window S] [--windows N]\n');
+      process.exit(2);
+    }
+  }
+  if (flags.gateways.length === 0) flags.gateways.push(['gateway', 'dist']);
+  return flags;
+}
+
+async function main(): Promise<void> {
+  const flags = parseFlags(process.argv.slice(2));
+  const dir = mkdtempSync(join(tmpdir(), 'mg-bench-instr-'));
+  const children: Child[] = [];
+  try {
+    const providerKey = `sk-upstream-${randomBytes(12).toString('hex')}`;
+    const clientKey = `sk-bench-${randomBytes(16).toString('hex')}`;
+    const underCallgrind = (name: string) => [
+      'valgrind', '--tool=callgrind', '--smc-check=all-non-file', '--instr-atstart=no', '--separate-threads=yes',
+      `--callgrind-out-file=${dir}/cg.${name}`, process.execPath,
+    ];
+    // The provider runs natively; only the server measured runs under valgrind.
+    const provider = await startChild('provider', process.execPath, ['--import', 'tsx', PROXY, '--role', 'provider', '--key', providerKey], dir, { cwd: ROOT });
+    children.push(provider);
+    const servers: Array<{ name: string; child: Child }> = [];
+    const proxy = await startChild('proxy', underCallgrind('proxy')[0]!, [...underCallgrind('proxy').slice(1), '--import', 'tsx', PROXY,
+      '--role', 'proxy', '--key', providerKey, '--upstream', String(provider.port)], dir, { cwd: ROOT, timeoutMs: 120_000 });
+    children.push(proxy);
+    servers.push({ name: 'proxy', child: proxy });
+    const config = {
+      server: { host: '127.0.0.1', port: 0, drainDelayMs: 0, drainTimeoutMs: 2000 },
+      limiter: { store: 'memory' }, ledger: { store: 'memory' },
+      plans: { bench: { rpm: 2_000_000, concurrency: 100_000, dailyCapUsd: 'unlimited' } },
+      accounts: { acct_bench: { plan: 'bench' } },
+      keys: { key_bench: { account: 'acct_bench', sha256: hash('sha256', clientKey) } },
+      models: { 'gpt-bench': { provider: 'fake', upstreamModel: 'gpt-upstream-bench', price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } } },
+      providers: { fake: { protocol: 'openai', baseUrl: `http://127.0.0.1:${provider.port}/v1`, apiKeyEnv: 'BENCH_PROVIDER_KEY' } },
+    };
+    writeFileSync(join(dir, 'gateway.json'), JSON.stringify(config));
+    for (const [name, dist] of flags.gateways) {
+      const child = await startChild(name, underCallgrind(name)[0]!, [...underCallgrind(name).slice(1), join(resolve(ROOT, dist), 'main.js'),
+        '--config', join(dir, 'gateway.json'), '--port', '0'], dir, { cwd: ROOT, env: { ...process.env, BENCH_PROVIDER_KEY: providerKey }, timeoutMs: 120_000 });
+      children.push(child);
+      servers.push({ name, child });
+    }
+
+    const body = JSON.stringify({
+      model: 'gpt-bench', max_tokens: 32,
+      messages: [{ role: 'system', content: 'You are a helpful assistant.' }, { role: 'user', content: 'Say hello to the benchmark.' }],
+    });
+    process.stdout.write(`instructions per proxied call (callgrind, main thread), node ${process.version}\n`);
+    for (const { name, child } of servers) {
+      const request = rawRequest('POST', child.port, '/v1/chat/completions', { authorization: `Bearer ${clientKey}`, 'content-type': 'application/json' }, body);
+      const first = await once(child.port, request, 60_000);
+      if (first.status !== 200) throw new Error(`${name} answered ${first.status}`);
+      await closedLoop({ port: child.port, requests: [request], durationS: flags.warmupS, connections: 32 });
+      control('-i', 'on', child.pid);
+      const perCall: number[] = [];
+      // Window 1 is thrown away: right after instrumentation is turned on, the first seconds
+      // count about 10 % more in every server (valgrind translates the code again, V8 settles).
+      for (let w = 1; w <= flags.windows + 1; w++) {
+        control('-z', null, child.pid);
+        const run = await closedLoop({ port: child.port, requests: [request], durationS: flags.windowS, connections: 32 });
+        if (run.errors > 0 || Object.keys(run.statuses).some((s) => s !== '200')) throw new Error(`${name}: not every answer was a 200`);
+        control('-d', null, child.pid);
+        // Dump w of thread 1 (the main thread): cg.NAME.W-01
+        const file = readdirSync(dir).find((f) => f === `cg.${name}.${w}-01`);
+        if (file === undefined) throw new Error(`no callgrind dump ${w} for ${name}`);
+        const total = Number(/^totals: (\d+)$/m.exec(readFileSync(join(dir, file), 'utf8'))?.[1]);
+        if (w > 1) perCall.push(Math.round(total / run.requests));
+      }
+      control('-i', 'off', child.pid);
+      process.stdout.write(`  ${name.padEnd(10)} ${perCall.map((n) => n.toLocaleString('en-US')).join('  ')}   median ${median(perCall).toLocaleString('en-US')}\n`);
+      await stopChild(child.child);
+    }
+  } finally {
+    await Promise.all(children.map((c) => stopChild(c.child)));
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`${String((err as Error)?.stack ?? err)}\n`);
+  process.exit(1);
+});
