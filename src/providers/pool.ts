@@ -82,11 +82,14 @@ export class ConnectionPool {
 
   private connect(): Socket {
     const { protocol, hostname, port } = this.origin;
-    const options = { host: hostname, port, noDelay: true, keepAlive: true, keepAliveInitialDelay: 1000 };
     const socket = protocol === 'https:'
       // SNI only for names (RFC 6066); the certificate is checked against the host either way.
-      ? tlsConnect({ ...options, servername: isIP(hostname) === 0 ? hostname : undefined, ALPNProtocols: ['http/1.1'] })
-      : tcpConnect(options);
+      ? tlsConnect({ host: hostname, port, servername: isIP(hostname) === 0 ? hostname : undefined, ALPNProtocols: ['http/1.1'] })
+      : tcpConnect({ host: hostname, port });
+    // As http.Agent: no Nagle delay on a request's last segment; TCP keep-alive probes on idle
+    // connections. (Set on the socket, so they apply to TLS sockets as well.)
+    socket.setNoDelay(true);
+    socket.setKeepAlive(true, 1000);
     this.open++;
     socket.on('free', () => this.onFree(socket));
     socket.on('close', () => this.onClose(socket));
