@@ -53,7 +53,7 @@ export class ConnectionPool {
     this.sweeper.unref();
   }
 
-  /** Connections open now (busy and idle): for tests and metrics. */
+  /** Connections open now (busy and idle), idle ones, and requests waiting: for tests. */
   get size(): { open: number; idle: number; waiting: number } {
     return { open: this.open, idle: this.idle.length, waiting: this.waiting.length };
   }
