@@ -118,7 +118,7 @@ class History {
       return {
         id: `le_${i.toString(36).padStart(10, '0')}`, type: 'credit', accountId: accountId(i), keyId: null, amountMicro: INITIAL_CREDIT_MICRO,
         balanceAfterMicro: this.balances[i]!, createdAt: this.start, requestId: null, model: null, inputTokens: 0, outputTokens: 0,
-        estimated: false, note: 'initial balance',
+        estimated: false, note: 'initial balance', idempotencyKey: null,
       };
     }
     // Skewed towards low account numbers (a few heavy users), like real traffic.
@@ -132,7 +132,7 @@ class History {
       id: `le_${i.toString(36).padStart(10, '0')}`, type: 'charge', accountId: accountId(a), keyId: keyId(a, this.random() < 0.7 ? 0 : 1),
       amountMicro: -cost, balanceAfterMicro: this.balances[a]!,
       createdAt: this.start + Math.floor(Math.min(1, (i - n) / Math.max(1, this.flags.records - n)) * this.spanMs), // top-ups: now
-      requestId: `req_${i.toString(36).padStart(10, '0')}`, model: m.id, inputTokens, outputTokens, estimated: this.random() < 0.001, note: null,
+      requestId: `req_${i.toString(36).padStart(10, '0')}`, model: m.id, inputTokens, outputTokens, estimated: this.random() < 0.001, note: null, idempotencyKey: null,
     };
   }
 }

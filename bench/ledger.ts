@@ -310,7 +310,7 @@ export function sampleEntry(i: number, accountId: string, createdAt: number, bal
   return {
     id: `le_${i.toString(36).padStart(10, '0')}`, type: 'charge', accountId, keyId: 'key_bench', amountMicro: -7,
     balanceAfterMicro, createdAt, requestId: `req_${i.toString(36).padStart(8, '0')}`, model: 'paid',
-    inputTokens: 6, outputTokens: 5, estimated: false, note: null,
+    inputTokens: 6, outputTokens: 5, estimated: false, note: null, idempotencyKey: null,
   };
 }
 

@@ -37,6 +37,8 @@ export interface ModelEntry {
   readonly price: Price;
   readonly billable: boolean;
   readonly maxOutputTokens: number;
+  /** The largest output limit a request may set. */
+  readonly outputTokenLimit: number;
   /** True for a `-thinking` variant: extended thinking is turned on upstream. */
   readonly thinking: boolean;
   /** The `/v1/models/{id}` answer. */
@@ -62,7 +64,7 @@ export class Directory {
       const provider = config.providers.get(m.provider)!;
       const entry: ModelEntry = {
         id, baseId: id, provider, upstreamModel: m.upstreamModel, price: m.price, billable: !isFree(m.price),
-        maxOutputTokens: m.maxOutputTokens, thinking: false,
+        maxOutputTokens: m.maxOutputTokens, outputTokenLimit: m.outputTokenLimit, thinking: false,
         objectBody: Buffer.from(JSON.stringify(modelObject(id, createdS, provider.id))),
       };
       this.models.set(id, entry);

@@ -64,6 +64,10 @@ export const ERRORS = {
     message: 'The rate limiter is unavailable; requests are refused until it returns.',
   },
   draining: { status: 503, type: 'overloaded_error', retry: true, message: 'The gateway is shutting down.' },
+  ledger_unavailable: {
+    status: 503, type: 'overloaded_error', retry: true,
+    message: 'The ledger cannot record charges; requests are refused until it can.',
+  },
   upstream_overloaded: { status: 503, type: 'overloaded_error', retry: true, message: 'The provider is overloaded.' },
   upstream_timeout: { status: 504, type: 'timeout_error', retry: true, message: 'The provider did not answer in time.' },
 } as const satisfies Record<string, ErrorSpec>;

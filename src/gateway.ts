@@ -16,7 +16,9 @@ import { Logger } from './log.js';
 import { Metrics } from './metrics.js';
 import { createProviders } from './providers/index.js';
 import type { Provider } from './providers/types.js';
+import { Watchlist } from './providers/watchlist.js';
 import { Router } from './router.js';
+import { Credits } from './admin/credits.js';
 import { AdminStore, overlay, type AdminState } from './admin/state.js';
 import { registerAccountRoutes } from './routes/account.js';
 import { registerAdminRoutes } from './routes/admin.js';
@@ -55,6 +57,10 @@ export class Gateway {
   draining = false;
   /** Requests admitted and not yet finished (for the drain). */
   inFlight = 0;
+  /** Calls waiting for a client that does not read its answer (server.clientIdleTimeoutMs). */
+  clientIdle: Watchlist;
+  /** Admin credits: durable, then live; idempotent. */
+  readonly credits: Credits;
   private readonly createdS: number;
 
   constructor(config: GatewayConfig, options: GatewayOptions = {}) {
@@ -74,12 +80,15 @@ export class Gateway {
     if ('errors' in effective) throw new Error(`admin changes do not fit the config: ${effective.errors.join('; ')}`);
     this.directory = new Directory(effective.config, this.createdS);
     this.providers = createProviders(config);
+    this.clientIdle = new Watchlist(config.server.clientIdleTimeoutMs);
     registerProbeRoutes(this.router);
     if (this.adminKeyHash !== null) registerAdminRoutes(this.router);
     registerModelRoutes(this.router);
     registerAccountRoutes(this.router);
     registerCompletionRoutes(this.router);
+    this.credits = new Credits({ ledger: this.ledger, limiter: this.limiter, logger: this.logger, now: () => this.clock.now() });
     this.restoreFromLedger();
+    this.credits.resume();
     this.creditNewAccounts();
   }
 
@@ -98,6 +107,8 @@ export class Gateway {
     this.fileConfig = config;
     this.directory = new Directory(effective.config, this.createdS);
     this.providers = createProviders(config);
+    // Calls already waiting keep the bound they started with.
+    if (config.server.clientIdleTimeoutMs !== this.clientIdle.ms) this.clientIdle = new Watchlist(config.server.clientIdleTimeoutMs);
     this.creditNewAccounts();
     return [];
   }
@@ -159,6 +170,9 @@ export class Gateway {
         const ordinary = this.directory.keyByHash(hash('sha256', ctx.apiKey)) !== undefined;
         return sendError(ctx, res, ordinary ? 'permission_denied' : 'invalid_api_key', this.done,
           ordinary ? { message: 'Admin endpoints need the admin key.' } : {});
+      }
+      if (ctx.idempotencyKey !== undefined && !validIdempotencyKey(ctx.idempotencyKey)) {
+        return sendError(ctx, res, 'invalid_idempotency_key', this.done);
       }
     } else if (route.auth) {
       if (ctx.apiKey === null) {
@@ -254,18 +268,11 @@ export class Gateway {
     return done;
   }
 
-  /** Records an entry and resolves to its id once it is durable. */
-  async recordDurably(entry: Omit<LedgerEntry, 'id'>): Promise<string> {
-    const id = newEntryId();
-    await this.ledger.append({ id, ...entry });
-    return id;
-  }
-
   /** A restart must not reset anyone's daily cap or balance: seed the limiter from the ledger. */
   private restoreFromLedger(): void {
+    if (!this.limiter.restoresFromLedger) return;
     for (const [accountId, totals] of this.ledger.totals()) {
-      const prepaid = this.directory.accounts.get(accountId)?.prepaid ?? false;
-      this.limiter.restore(accountId, prepaid ? totals.balanceMicro : 0, totals.day, totals.spentMicro);
+      this.limiter.restore(accountId, totals.balanceMicro, totals.day, totals.spentMicro, totals.credited);
     }
   }
 
@@ -277,12 +284,13 @@ export class Gateway {
   }
 
   private creditOnce(account: AccountEntry): void {
+    // Recorded even when it is 0: the entry is how a restart knows the account was credited.
     const write = (balance: number | null) => {
-      if (balance === null || account.initialCreditMicro === 0) return;
+      if (balance === null) return;
       void this.record({
         id: newEntryId(), type: 'credit', accountId: account.id, keyId: null, amountMicro: account.initialCreditMicro, balanceAfterMicro: balance,
         createdAt: this.clock.now(), requestId: null, model: null, inputTokens: 0, outputTokens: 0, estimated: false,
-        note: 'initial balance from config',
+        note: 'initial balance from config', idempotencyKey: null,
       });
     };
     const credited = this.limiter.creditOnce(account.id, account.initialCreditMicro);

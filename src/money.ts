@@ -49,7 +49,20 @@ export function isFree(price: Price): boolean {
   return price.input === 0 && price.output === 0 && price.cacheRead === 0 && price.cacheWrite === 0;
 }
 
-/** Token counts of one model call. */
+/**
+ * The most a price may be: USD 100,000 per million tokens (far above any model's), so that a
+ * call's cost, with token counts bounded by MAX_TOKENS, stays a safe integer of micro-dollars.
+ */
+export const MAX_PRICE_MICRO = 100_000 * MICRO_PER_USD;
+
+/**
+ * The most tokens one field of one call may count (input estimate, a provider's reported
+ * usage): a billion, far above any model's context. A provider reporting more is not believed
+ * (its usage is treated as missing, and the call is charged an estimate).
+ */
+export const MAX_TOKENS = 1_000_000_000;
+
+/** Token counts of one model call: integers from 0 to MAX_TOKENS. */
 export interface Usage {
   inputTokens: number;
   outputTokens: number;
@@ -57,9 +70,34 @@ export interface Usage {
   cacheWriteTokens: number;
 }
 
-/** Cost in micro-dollars, rounded up so a charge is never under-billed by rounding. */
+/** A value the limiter engine may hold: a safe integer of micro-dollars, not negative. */
+export function isMicro(value: unknown): value is number {
+  return Number.isSafeInteger(value) && (value as number) >= 0;
+}
+
+/**
+ * Cost in micro-dollars, rounded up so a charge is never under-billed by rounding. Exact:
+ * below 2^53 the products and their sum are exact doubles and the division is done on
+ * integers; above it (only for absurdly large calls) the same sum is done in BigInt. The
+ * result is always a safe integer (saturating at 2^53 - 1, which no real call reaches).
+ */
 export function costMicro(price: Price, usage: Usage): number {
   const scaled = usage.inputTokens * price.input + usage.outputTokens * price.output +
     usage.cacheReadTokens * price.cacheRead + usage.cacheWriteTokens * price.cacheWrite;
-  return Math.ceil(scaled / 1_000_000);
+  if (scaled <= Number.MAX_SAFE_INTEGER) {
+    const rest = scaled % 1_000_000;
+    return (scaled - rest) / 1_000_000 + (rest > 0 ? 1 : 0);
+  }
+  const big = BigInt(usage.inputTokens) * BigInt(price.input) + BigInt(usage.outputTokens) * BigInt(price.output) +
+    BigInt(usage.cacheReadTokens) * BigInt(price.cacheRead) + BigInt(usage.cacheWriteTokens) * BigInt(price.cacheWrite);
+  const cost = (big + 999_999n) / 1_000_000n;
+  return cost > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(cost);
+}
+
+/** A sum of micro-dollar amounts that stays a safe integer: saturates instead of losing precision. */
+export function addMicro(a: number, b: number): number {
+  const sum = a + b;
+  if (sum > Number.MAX_SAFE_INTEGER) return Number.MAX_SAFE_INTEGER;
+  if (sum < -Number.MAX_SAFE_INTEGER) return -Number.MAX_SAFE_INTEGER;
+  return sum;
 }

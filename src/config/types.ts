@@ -10,6 +10,8 @@ export interface ServerConfig {
   requestTimeoutMs: number;
   drainDelayMs: number;
   drainTimeoutMs: number;
+  /** A client that reads nothing of its answer for this long is cut (its slot released). */
+  clientIdleTimeoutMs: number;
   metrics: boolean;
   /** Log level: 'debug', 'info' (access log on), 'warn' (access log off) or 'error'. */
   logLevel: 'debug' | 'info' | 'warn' | 'error';
@@ -56,7 +58,10 @@ export interface ModelConfig {
   provider: string;
   upstreamModel: string;
   price: Price;
+  /** The output reserved when a request sets no output limit. */
   maxOutputTokens: number;
+  /** The largest output limit a request may set (max_tokens and the like). */
+  outputTokenLimit: number;
 }
 
 export type Protocol = 'openai' | 'anthropic' | 'mock';

@@ -1,6 +1,6 @@
 import { hash } from 'node:crypto';
 import { isAbsolute, resolve } from 'node:path';
-import { FREE, parseUsd, type Price } from '../money.js';
+import { FREE, MAX_PRICE_MICRO, parseUsd, type Price } from '../money.js';
 import type {
   AccountConfig, GatewayConfig, KeyConfig, LedgerConfig, Limit, LimiterConfig, ModelConfig, PlanConfig,
   Protocol, ProviderConfig, ServerConfig,
@@ -21,8 +21,13 @@ type Obj = Record<string, unknown>;
 
 const SERVER_DEFAULTS: ServerConfig = {
   host: '127.0.0.1', port: 8080, maxBodyBytes: 4_194_304, requestTimeoutMs: 30_000,
-  drainDelayMs: 0, drainTimeoutMs: 30_000, metrics: true, logLevel: 'info',
+  drainDelayMs: 0, drainTimeoutMs: 30_000, clientIdleTimeoutMs: 120_000, metrics: true, logLevel: 'info',
 };
+
+/** The largest limit (rpm, concurrency) a plan, account or key may set; larger is "unlimited". */
+export const MAX_LIMIT = 1_000_000_000;
+/** The largest `outputTokenLimit` a model may have. */
+export const MAX_OUTPUT_TOKEN_LIMIT = 10_000_000;
 
 const DEFAULT_BASE_URL: Record<Protocol, string> = {
   openai: 'https://api.openai.com/v1', anthropic: 'https://api.anthropic.com', mock: '',
@@ -107,8 +112,8 @@ class Checker {
   limit(path: string, value: unknown): Limit | undefined {
     if (value === undefined) return undefined;
     if (value === 'unlimited' || value === null) return null;
-    if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > 1_000_000_000) {
-      this.fail(path, 'must be a non-negative integer or "unlimited"');
+    if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > MAX_LIMIT) {
+      this.fail(path, `must be an integer from 0 to ${MAX_LIMIT}, or "unlimited"`);
       return undefined;
     }
     return value;
@@ -167,6 +172,7 @@ function checkServer(c: Checker, value: unknown): ServerConfig {
     requestTimeoutMs: c.int('server.requestTimeoutMs', o.requestTimeoutMs, 1, 3_600_000, d.requestTimeoutMs),
     drainDelayMs: c.int('server.drainDelayMs', o.drainDelayMs, 0, 3_600_000, d.drainDelayMs),
     drainTimeoutMs: c.int('server.drainTimeoutMs', o.drainTimeoutMs, 0, 3_600_000, d.drainTimeoutMs),
+    clientIdleTimeoutMs: c.int('server.clientIdleTimeoutMs', o.clientIdleTimeoutMs, 1, 3_600_000, d.clientIdleTimeoutMs),
     metrics: c.bool('server.metrics', o.metrics, d.metrics),
     logLevel: checkLevel(c, o.logLevel),
   };
@@ -271,11 +277,15 @@ function checkPrice(c: Checker, path: string, value: unknown): Price {
   if (value === undefined || value === 'free') return FREE;
   const o = c.object(path, value, ['inputPerMillion', 'outputPerMillion', 'cacheReadPerMillion', 'cacheWritePerMillion']);
   if (o === null) return FREE;
+  const price = (name: string): number => {
+    const micro = c.money(`${path}.${name}`, o[name]) ?? 0;
+    if (micro <= MAX_PRICE_MICRO) return micro;
+    c.fail(`${path}.${name}`, `must be at most ${MAX_PRICE_MICRO / 1e6} (USD per million tokens)`);
+    return 0;
+  };
   return {
-    input: c.money(`${path}.inputPerMillion`, o.inputPerMillion) ?? 0,
-    output: c.money(`${path}.outputPerMillion`, o.outputPerMillion) ?? 0,
-    cacheRead: c.money(`${path}.cacheReadPerMillion`, o.cacheReadPerMillion) ?? 0,
-    cacheWrite: c.money(`${path}.cacheWritePerMillion`, o.cacheWritePerMillion) ?? 0,
+    input: price('inputPerMillion'), output: price('outputPerMillion'),
+    cacheRead: price('cacheReadPerMillion'), cacheWrite: price('cacheWritePerMillion'),
   };
 }
 
@@ -283,7 +293,7 @@ function checkModels(c: Checker, record: Obj, providers: Map<string, ProviderCon
   const out = new Map<string, ModelConfig>();
   for (const [id, value] of Object.entries(record)) {
     const path = joinPath('models', id);
-    const o = c.object(path, value, ['provider', 'upstreamModel', 'price', 'maxOutputTokens']);
+    const o = c.object(path, value, ['provider', 'upstreamModel', 'price', 'maxOutputTokens', 'outputTokenLimit']);
     if (o === null) continue;
     const provider = c.string(`${path}.provider`, o.provider, '');
     if (o.provider === undefined) c.fail(`${path}.provider`, 'is required');
@@ -292,11 +302,16 @@ function checkModels(c: Checker, record: Obj, providers: Map<string, ProviderCon
       // A real provider bills the gateway: a forgotten price must not silently make it free.
       c.fail(`${path}.price`, 'is required for a model of a real provider (write "free" if it really costs nothing)');
     }
+    const outputTokenLimit = c.int(`${path}.outputTokenLimit`, o.outputTokenLimit, 1, MAX_OUTPUT_TOKEN_LIMIT, 128_000);
+    const maxOutputTokens = c.int(`${path}.maxOutputTokens`, o.maxOutputTokens, 1, MAX_OUTPUT_TOKEN_LIMIT, Math.min(4096, outputTokenLimit));
+    if (maxOutputTokens > outputTokenLimit) {
+      c.fail(`${path}.maxOutputTokens`, `must not be above outputTokenLimit (${outputTokenLimit})`);
+    }
     out.set(id, {
       id, provider,
       upstreamModel: c.string(`${path}.upstreamModel`, o.upstreamModel, id),
       price: checkPrice(c, `${path}.price`, o.price),
-      maxOutputTokens: c.int(`${path}.maxOutputTokens`, o.maxOutputTokens, 1, 10_000_000, 4096),
+      maxOutputTokens, outputTokenLimit,
     });
   }
   return out;

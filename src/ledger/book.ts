@@ -1,6 +1,13 @@
 import { DAY_MS } from '../clock.js';
 import type { AccountTotals, GroupBy, LedgerEntry, UsageRow } from './types.js';
 
+/**
+ * How long admin credits are remembered: a repeat with the same Idempotency-Key within this
+ * time credits once, and a shared limiter store is given each of them again at start (once
+ * per entry id), in case an instance died between the durable write and the live credit.
+ */
+export const CREDIT_KEY_DAYS = 7;
+
 interface Cell {
   requests: number;
   inputTokens: number;
@@ -22,16 +29,27 @@ export class LedgerBook {
   /** account -> "day\tmodel\tkey" -> cell */
   private readonly cells = new Map<string, Map<string, Cell>>();
   private last: { accountId: string; day: number; model: string | null; keyId: string | null; cell: Cell } | null = null;
+  /**
+   * Admin credits of the last CREDIT_KEY_DAYS, oldest first: by `account \n Idempotency-Key`,
+   * or by `account \n \0 entry id` when they have none (a key is visible ASCII, never \0).
+   */
+  private readonly adminCredits = new Map<string, LedgerEntry>();
 
   apply(e: LedgerEntry): void {
     const day = Math.floor(e.createdAt / DAY_MS);
     let t = this.totals.get(e.accountId);
     if (t === undefined) {
-      t = { balanceMicro: 0, day, spentMicro: 0 };
+      t = { balanceMicro: 0, day, spentMicro: 0, credited: false };
       this.totals.set(e.accountId, t);
     }
-    t.balanceMicro += e.amountMicro;
-    if (e.type === 'credit') return;
+    // The prepaid balance: a charge has a balance after it only when it was charged to one
+    // (a postpaid account's spend is invoiced, not taken from a later prepaid balance).
+    if (e.type === 'credit' || e.balanceAfterMicro !== null) t.balanceMicro += e.amountMicro;
+    if (e.type === 'credit') {
+      t.credited = true;
+      if (e.requestId !== null) this.rememberCredit(e); // an admin credit (the initial one has no request)
+      return;
+    }
     if (day > t.day) {
       t.day = day;
       t.spentMicro = 0;
@@ -67,6 +85,24 @@ export class LedgerBook {
     return cell;
   }
 
+  creditByKey(accountId: string, idempotencyKey: string): LedgerEntry | undefined {
+    return this.adminCredits.get(`${accountId}\n${idempotencyKey}`);
+  }
+
+  /** The admin credits of the last CREDIT_KEY_DAYS, oldest first. */
+  recentCredits(): IterableIterator<LedgerEntry> {
+    return this.adminCredits.values();
+  }
+
+  private rememberCredit(e: LedgerEntry): void {
+    this.adminCredits.set(creditSlot(e), e);
+    const oldest = e.createdAt - CREDIT_KEY_DAYS * DAY_MS;
+    for (const [slot, credit] of this.adminCredits) {
+      if (credit.createdAt >= oldest) break;
+      this.adminCredits.delete(slot);
+    }
+  }
+
   usage(accountId: string, startDay: number, endDay: number, groupBy: GroupBy): UsageRow[] {
     const groups = new Map<string, UsageRow>();
     for (const [key, cell] of this.cells.get(accountId) ?? []) {
@@ -98,14 +134,21 @@ export class LedgerBook {
     return {
       totals: [...this.totals],
       cells: [...this.cells].map(([account, cells]) => [account, [...cells]]),
+      credits: [...this.adminCredits.values()],
     };
   }
 
   static load(saved: unknown): LedgerBook {
     const book = new LedgerBook();
-    const s = saved as { totals: Array<[string, AccountTotals]>; cells: Array<[string, Array<[string, Cell]>]> };
-    for (const [account, totals] of s.totals) book.totals.set(account, { ...totals });
+    const s = saved as { totals: Array<[string, AccountTotals]>; cells: Array<[string, Array<[string, Cell]>]>; credits?: LedgerEntry[] };
+    // Snapshots written before `credited` existed counted every account with entries as credited.
+    for (const [account, totals] of s.totals) book.totals.set(account, { ...totals, credited: totals.credited ?? true });
+    for (const credit of s.credits ?? []) book.adminCredits.set(creditSlot(credit), credit);
     for (const [account, cells] of s.cells) book.cells.set(account, new Map(cells.map(([k, c]) => [k, { ...c }])));
     return book;
   }
+}
+
+function creditSlot(e: LedgerEntry): string {
+  return e.idempotencyKey !== null ? `${e.accountId}\n${e.idempotencyKey}` : `${e.accountId}\n\0${e.id}`;
 }

@@ -102,6 +102,14 @@ export class FileLedger implements Ledger {
     return this.book.usage(accountId, startDay, endDay, groupBy);
   }
 
+  creditByKey(accountId: string, idempotencyKey: string): LedgerEntry | undefined {
+    return this.book.creditByKey(accountId, idempotencyKey);
+  }
+
+  recentCredits(): Iterable<LedgerEntry> {
+    return this.book.recentCredits();
+  }
+
   ready(): boolean {
     return this.failure === null && this.closing === null;
   }

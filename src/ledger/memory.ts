@@ -65,6 +65,14 @@ export class MemoryLedger implements Ledger {
     return this.book.usage(accountId, startDay, endDay, groupBy);
   }
 
+  creditByKey(accountId: string, idempotencyKey: string): LedgerEntry | undefined {
+    return this.book.creditByKey(accountId, idempotencyKey);
+  }
+
+  recentCredits(): Iterable<LedgerEntry> {
+    return this.book.recentCredits();
+  }
+
   /** Every billing entry of an account, oldest first (tests). */
   entries(accountId: string): readonly LedgerEntry[] {
     return this.billing.get(accountId)?.entries ?? [];

@@ -19,16 +19,20 @@ export interface LedgerEntry {
   /** True when the charge could not use the provider's usage (client gone, stream cut). */
   readonly estimated: boolean;
   readonly note: string | null;
+  /** A credit's `Idempotency-Key` (admin credits), so a repeat finds it; null otherwise. */
+  readonly idempotencyKey: string | null;
 }
 
 /** An account's money state as the ledger knows it (rebuilt on restart). */
 export interface AccountTotals {
-  /** Sum of all credits and charges. */
+  /** The prepaid balance: credits, less the charges made while the account was prepaid. */
   balanceMicro: number;
   /** UTC day number (epoch ms / 86 400 000) that `spentMicro` belongs to. */
   day: number;
   /** Charges of that day. */
   spentMicro: number;
+  /** Whether the account was ever credited (its one-time initial credit is then not given again). */
+  credited: boolean;
 }
 
 export interface HistoryPage {
@@ -63,6 +67,10 @@ export interface Ledger {
   history(accountId: string, limit: number, after: string | null): HistoryPage | Promise<HistoryPage>;
   /** Usage between two UTC days (inclusive, day numbers), grouped. */
   usage(accountId: string, startDay: number, endDay: number, groupBy: GroupBy): UsageRow[];
+  /** The durable admin credit of an account with this `Idempotency-Key` (kept CREDIT_KEY_DAYS days), if any. */
+  creditByKey(accountId: string, idempotencyKey: string): LedgerEntry | undefined;
+  /** The durable admin credits of the last CREDIT_KEY_DAYS days, oldest first. */
+  recentCredits(): Iterable<LedgerEntry>;
   /** Whether the ledger can record (a failing disk makes the gateway not ready). */
   ready(): boolean;
   /** Flushes and closes. */

@@ -1,4 +1,6 @@
 import { DAY_MS, nextUtcMidnight, type Clock } from '../clock.js';
+import { addMicro } from '../money.js';
+import { checkAdmission, checkCost, checkCredit, checkRestore } from './guard.js';
 import {
   Rejection, type AccountLimits, type AccountSnapshot, type Decision, type InstantDecision, type KeyLimits, type Limiter,
   type Settlement, type Ticket,
@@ -72,6 +74,7 @@ export class MemoryLimiter implements Limiter {
   private readonly money = new Map<string, MoneyState>();
   /** Accounts whose initial credit is given (or whose state came from the ledger). */
   private readonly credited = new Set<string>();
+  readonly restoresFromLedger = true;
   /** `accountId \n Idempotency-Key` of requests still executing. */
   private readonly inFlightIds = new Set<string>();
   private readonly sweepAccounts = new Sweeper(this.accounts, rateIdle);
@@ -99,6 +102,7 @@ export class MemoryLimiter implements Limiter {
   }
 
   admit(account: AccountLimits, key: KeyLimits, idempotencyKey: string | null, estimateMicro: number | null): Decision {
+    checkAdmission(account, key, estimateMicro);
     const now = this.clock.now();
     this.sweep(now);
     const idempotencyId = idempotencyKey === null ? null : `${account.id}\n${idempotencyKey}`;
@@ -112,6 +116,11 @@ export class MemoryLimiter implements Limiter {
         return new Rejection('daily_cap_exceeded', 0, nextUtcMidnight(now));
       }
       if (account.prepaid && money.balanceMicro - money.reservedMicro <= 0) return new Rejection('insufficient_balance', 0);
+      // Reservations stay a safe integer: a sum past 2^53 (thousands of calls of a million
+      // dollars each, which no real traffic reaches) is refused rather than rounded.
+      if (money.reservedMicro + (estimateMicro as number) > Number.MAX_SAFE_INTEGER) {
+        return account.dailyCapMicro !== null ? new Rejection('daily_cap_exceeded', 0, nextUtcMidnight(now)) : new Rejection('insufficient_balance', 0);
+      }
     }
 
     const a = this.rateOf(this.accounts, account.id);
@@ -133,6 +142,7 @@ export class MemoryLimiter implements Limiter {
   }
 
   admitInstant(account: AccountLimits, key: KeyLimits, idempotencyKey: string | null): InstantDecision {
+    checkAdmission(account, key, null);
     const now = this.clock.now();
     this.sweep(now);
     if (idempotencyKey !== null && this.inFlightIds.has(`${account.id}\n${idempotencyKey}`)) {
@@ -148,6 +158,7 @@ export class MemoryLimiter implements Limiter {
   }
 
   settle(ticket: Ticket, costMicro: number): Settlement {
+    checkCost(costMicro);
     const t = ticket as MemoryTicket;
     if (t.settled) return { balanceAfterMicro: t.prepaid ? this.moneyOf(t.accountId, this.clock.now()).balanceMicro : null };
     t.settled = true;
@@ -155,9 +166,9 @@ export class MemoryLimiter implements Limiter {
     if (costMicro === 0 && !t.prepaid) return { balanceAfterMicro: null };
     // Spend counts on the UTC day it settles; the state may have rolled over since admission.
     const money = this.moneyOf(t.accountId, this.clock.now());
-    money.spentMicro += costMicro;
+    money.spentMicro = addMicro(money.spentMicro, costMicro);
     if (!t.prepaid) return { balanceAfterMicro: null };
-    money.balanceMicro -= costMicro;
+    money.balanceMicro = addMicro(money.balanceMicro, -costMicro);
     return { balanceAfterMicro: money.balanceMicro };
   }
 
@@ -174,22 +185,28 @@ export class MemoryLimiter implements Limiter {
     if (t.idempotencyId !== null) this.inFlightIds.delete(t.idempotencyId);
   }
 
-  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number): void {
+  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number, credited: boolean): void {
+    checkRestore(balanceMicro, day, spentMicro);
     const money = this.moneyOf(accountId, this.clock.now());
     money.balanceMicro = balanceMicro;
     if (day === money.day) money.spentMicro = spentMicro;
-    this.credited.add(accountId);
+    if (credited) this.credited.add(accountId);
   }
 
   creditOnce(accountId: string, amountMicro: number): number | null {
+    if (amountMicro !== 0) checkCredit(amountMicro);
     if (this.credited.has(accountId)) return null;
     this.credited.add(accountId);
-    return this.credit(accountId, amountMicro);
+    const money = this.moneyOf(accountId, this.clock.now());
+    money.balanceMicro = addMicro(money.balanceMicro, amountMicro);
+    return money.balanceMicro;
   }
 
-  credit(accountId: string, amountMicro: number): number {
+  /** `creditId` is not needed here: this store's money state is rebuilt from the ledger at start. */
+  credit(accountId: string, amountMicro: number, _creditId: string): number {
+    checkCredit(amountMicro);
     const money = this.moneyOf(accountId, this.clock.now());
-    money.balanceMicro += amountMicro;
+    money.balanceMicro = addMicro(money.balanceMicro, amountMicro);
     return money.balanceMicro;
   }
 
@@ -254,20 +271,12 @@ export class MemoryLimiter implements Limiter {
 /** The RPM and concurrency checks for an account and (if it has limits) its key. Nothing is taken. */
 function checkRate(now: number, account: AccountLimits, a: RateState, key: KeyLimits, k: RateState | null): Rejection | null {
   let wait = 0;
-  if (account.rpm !== null) wait = windowFor(a, account.rpm).waitMs(now);
-  if (k !== null && key.rpm !== null) wait = Math.max(wait, windowFor(k, key.rpm).waitMs(now));
+  if (account.rpm !== null) wait = (a.window ??= new SlidingWindow()).waitMs(now, account.rpm);
+  if (k !== null && key.rpm !== null) wait = Math.max(wait, (k.window ??= new SlidingWindow()).waitMs(now, key.rpm));
   if (wait > 0) return new Rejection('rate_limit_exceeded', wait);
   if ((account.concurrency !== null && a.inFlight >= account.concurrency) ||
       (k !== null && key.concurrency !== null && k.inFlight >= key.concurrency)) {
     return new Rejection('concurrency_limit_exceeded', CONCURRENCY_RETRY_MS);
   }
   return null;
-}
-
-/** The state's window at the current limit; a changed limit keeps the admissions already counted. */
-function windowFor(state: RateState, rpm: number): SlidingWindow {
-  let window = state.window;
-  if (window === null) window = state.window = new SlidingWindow(rpm);
-  else if (window.capacity !== rpm) window = state.window = window.resized(rpm);
-  return window;
 }

@@ -1,146 +1,264 @@
 /**
  * Lua run inside Redis: each admission is one EVALSHA that checks everything in the
- * contract's order and writes only when every check passes; settlement and release are
- * another. All keys of an account share the hash tag `{accountId}`, so the scripts also run
- * on Redis Cluster. Time is Redis's own (TIME), so instances with skewed clocks agree.
+ * contract's order and writes only when every check passes; settlement is another, release a
+ * third. All keys of an account share the hash tag `{accountId}`, so the scripts also run on
+ * Redis Cluster. Time is Redis's own (TIME), so instances with skewed clocks agree.
+ *
+ * Every script checks every argument before its first write (Lua does not roll back: a
+ * command that fails half-way leaves the writes before it), and writes money with HSET of an
+ * integer it computed, saturating at 2^53 - 1, so no value can turn a field into a float or
+ * an exponent. Money fields are read with `num`, which treats anything unreadable as 0.
  *
  * Keys of account A under prefix P:
- *   P{A}:w        RPM window: sorted set, score = admission time (ms), member = unique id
+ *   P{A}:wt, P{A}:wn  RPM window: sorted set of admission milliseconds (member = score = ms),
+ *                     and a hash ms -> admissions in that ms, plus field `n` = admissions in all
+ *                     (memory follows use: at most one pair per millisecond, whatever the limit)
  *   P{A}:s        concurrency leases: sorted set, score = lease expiry, member = ticket id
  *   P{A}:m        money: hash day, spent (today), bal (prepaid balance), resv (sum of reservations), credited
- *   P{A}:r        reservations: hash ticket id -> micro-dollars
- *   P{A}:kw:K     per-key RPM window of key K;  P{A}:ks:K  per-key leases of key K
+ *   P{A}:r        reservations: hash ticket id -> micro-dollars (returned when a lease expires)
+ *   P{A}:kwt:K, P{A}:kwn:K  per-key RPM window of key K;  P{A}:ks:K  per-key leases of key K
  *   P{A}:i:X      Idempotency-Key X in flight: string = ticket id, expires with the lease
+ *   P{A}:c:E      credit E applied (a retried credit is applied once); expires after 8 days
  */
 
-const NOW = `
+const PRELUDE = `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local day = math.floor(now / 86400000)
-`;
+local SAFE = 9007199254740991
 
-/** KEYS: w s m r kw ks i. ARGV: id rpm conc krpm kconc haskey cap prepaid estimate lease hasidem instant. */
-export const ADMIT = `${NOW}
-local id = ARGV[1]
-local rpm, conc, krpm, kconc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local haskey = ARGV[6] == '1'
-local cap, prepaid, est = tonumber(ARGV[7]), ARGV[8] == '1', tonumber(ARGV[9])
-local lease = tonumber(ARGV[10])
-local hasidem = ARGV[11] == '1'
-local instant = ARGV[12] == '1'
-
+-- An argument that must be an integer in [lo, hi]; nil otherwise (checked before any write).
+local function int(v, lo, hi)
+  if type(v) ~= 'string' or #v > 17 or not string.match(v, '^%-?%d+$') then return nil end
+  local n = tonumber(v)
+  if n == nil or n < lo or n > hi then return nil end
+  return n
+end
+local function flag(v)
+  if v == '1' then return true elseif v == '0' then return false end
+  return nil
+end
+local function bad(name)
+  return redis.error_reply('ERR model-gateway: invalid argument ' .. name)
+end
+local function num(v)
+  local n = tonumber(v)
+  if n == nil or n ~= n or n == math.huge or n == -math.huge then return 0 end
+  return n
+end
+-- Adds to a money field, saturating at +-(2^53 - 1); returns the new value.
+local function add(key, field, delta)
+  local n = num(redis.call('HGET', key, field)) + delta
+  if n > SAFE then n = SAFE elseif n < -SAFE then n = -SAFE end
+  redis.call('HSET', key, field, string.format('%.0f', n))
+  return n
+end
 -- Leases of a crashed instance run out: drop them and give their reservations back.
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
-if #expired > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local function expireLeases(s, m, r)
+  local expired = redis.call('ZRANGEBYSCORE', s, '-inf', now)
+  if #expired == 0 then return end
+  redis.call('ZREMRANGEBYSCORE', s, '-inf', now)
+  local back = 0
   for _, tid in ipairs(expired) do
-    local amt = redis.call('HGET', KEYS[4], tid)
+    local amt = redis.call('HGET', r, tid)
     if amt then
-      redis.call('HDEL', KEYS[4], tid)
-      redis.call('HINCRBY', KEYS[3], 'resv', -tonumber(amt))
+      redis.call('HDEL', r, tid)
+      back = back + num(amt)
     end
   end
+  if back > 0 then add(m, 'resv', -back) end
 end
-if haskey then redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now) end
+`;
 
-if hasidem and redis.call('EXISTS', KEYS[7]) == 1 then return {'idempotency_conflict', 0, 0} end
+/**
+ * KEYS: wt wn s m r kwt kwn ks i.
+ * ARGV: id rpm conc krpm kconc haskey cap prepaid estimate lease hasidem instant
+ * (limits and the estimate are -1 for "none").
+ */
+export const ADMIT = `${PRELUDE}
+local id = ARGV[1]
+local rpm, conc = int(ARGV[2], -1, SAFE), int(ARGV[3], -1, SAFE)
+local krpm, kconc = int(ARGV[4], -1, SAFE), int(ARGV[5], -1, SAFE)
+local haskey = flag(ARGV[6])
+local cap, prepaid, est = int(ARGV[7], -1, SAFE), flag(ARGV[8]), int(ARGV[9], -1, SAFE)
+local lease = int(ARGV[10], 1, 86400000)
+local hasidem, instant = flag(ARGV[11]), flag(ARGV[12])
+if type(id) ~= 'string' or id == '' then return bad('id') end
+if rpm == nil then return bad('rpm') end
+if conc == nil then return bad('concurrency') end
+if krpm == nil then return bad('key rpm') end
+if kconc == nil then return bad('key concurrency') end
+if cap == nil then return bad('cap') end
+if est == nil then return bad('estimate') end
+if lease == nil then return bad('lease') end
+if haskey == nil or prepaid == nil or hasidem == nil or instant == nil then return bad('flag') end
+
+expireLeases(KEYS[3], KEYS[4], KEYS[5])
+if haskey then redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now) end
+
+if hasidem and redis.call('EXISTS', KEYS[9]) == 1 then return {'idempotency_conflict', 0, 0} end
 
 if est >= 0 then
-  local m = redis.call('HMGET', KEYS[3], 'day', 'spent', 'bal', 'resv')
-  local spent = tonumber(m[2]) or 0
-  if tonumber(m[1]) ~= day then spent = 0 end
-  local resv = tonumber(m[4]) or 0
+  local m = redis.call('HMGET', KEYS[4], 'day', 'spent', 'bal', 'resv')
+  local spent = num(m[2])
+  if num(m[1]) ~= day then spent = 0 end
+  local resv = num(m[4])
   if cap >= 0 and spent + resv >= cap then return {'daily_cap_exceeded', 0, (day + 1) * 86400000} end
-  if prepaid and (tonumber(m[3]) or 0) - resv <= 0 then return {'insufficient_balance', 0, 0} end
+  if prepaid and num(m[3]) - resv <= 0 then return {'insufficient_balance', 0, 0} end
+  -- Reservations stay a safe integer (the memory store refuses the same way).
+  if resv + est > SAFE then
+    if cap >= 0 then return {'daily_cap_exceeded', 0, (day + 1) * 86400000} end
+    return {'insufficient_balance', 0, 0}
+  end
 end
 
-local function rpmwait(key, limit)
+-- Milliseconds until one more admission fits in a window (expired pairs are dropped first).
+local function rpmwait(wt, wn, limit)
   if limit < 0 then return 0 end
   if limit == 0 then return 60000 end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - 60000)
-  local n = redis.call('ZCARD', key)
-  if n < limit then return 0 end
-  local oldest = redis.call('ZRANGE', key, n - limit, n - limit, 'WITHSCORES')
-  return tonumber(oldest[2]) + 60000 - now
+  local edge = now - 60000
+  local total = num(redis.call('HGET', wn, 'n'))
+  local gone = redis.call('ZRANGEBYSCORE', wt, '-inf', edge)
+  if #gone > 0 then
+    for i = 1, #gone, 1000 do
+      local last = math.min(i + 999, #gone)
+      local counts = redis.call('HMGET', wn, unpack(gone, i, last))
+      for j = 1, #counts do total = total - num(counts[j]) end
+      redis.call('HDEL', wn, unpack(gone, i, last))
+    end
+    redis.call('ZREMRANGEBYSCORE', wt, '-inf', edge)
+    if total < 0 then total = 0 end
+    redis.call('HSET', wn, 'n', string.format('%.0f', total))
+  end
+  if total < limit then return 0 end
+  -- The oldest (total - limit + 1) admissions must leave before the next one fits.
+  local leaving = total - limit + 1
+  local from = 0
+  while true do
+    local page = redis.call('ZRANGE', wt, from, from + 99, 'WITHSCORES')
+    if #page == 0 then return 60000 end
+    for j = 1, #page, 2 do
+      leaving = leaving - num(redis.call('HGET', wn, page[j]))
+      if leaving <= 0 then return tonumber(page[j + 1]) + 60000 - now end
+    end
+    from = from + 100
+  end
 end
-local wait = rpmwait(KEYS[1], rpm)
-if haskey then wait = math.max(wait, rpmwait(KEYS[5], krpm)) end
+local function rpmrecord(wt, wn)
+  local ms = string.format('%.0f', now)
+  redis.call('ZADD', wt, 'NX', now, ms)
+  redis.call('HINCRBY', wn, ms, 1)
+  redis.call('HINCRBY', wn, 'n', 1)
+  redis.call('PEXPIRE', wt, 60000)
+  redis.call('PEXPIRE', wn, 60000)
+end
+
+local wait = rpmwait(KEYS[1], KEYS[2], rpm)
+if haskey then wait = math.max(wait, rpmwait(KEYS[6], KEYS[7], krpm)) end
 if wait > 0 then return {'rate_limit_exceeded', wait, 0} end
 
-if conc >= 0 and redis.call('ZCARD', KEYS[2]) >= conc then return {'concurrency_limit_exceeded', 1000, 0} end
-if haskey and kconc >= 0 and redis.call('ZCARD', KEYS[6]) >= kconc then return {'concurrency_limit_exceeded', 1000, 0} end
+if conc >= 0 and redis.call('ZCARD', KEYS[3]) >= conc then return {'concurrency_limit_exceeded', 1000, 0} end
+if haskey and kconc >= 0 and redis.call('ZCARD', KEYS[8]) >= kconc then return {'concurrency_limit_exceeded', 1000, 0} end
 
--- Every check passed: only now write.
-if rpm > 0 then
-  redis.call('ZADD', KEYS[1], now, id)
-  redis.call('PEXPIRE', KEYS[1], 60000)
-end
-if haskey and krpm > 0 then
-  redis.call('ZADD', KEYS[5], now, id)
-  redis.call('PEXPIRE', KEYS[5], 60000)
-end
+-- Every check passed: only now take anything.
+if rpm > 0 then rpmrecord(KEYS[1], KEYS[2]) end
+if haskey and krpm > 0 then rpmrecord(KEYS[6], KEYS[7]) end
 if not instant then
-  redis.call('ZADD', KEYS[2], now + lease, id)
-  redis.call('PEXPIRE', KEYS[2], lease * 2)
+  -- No expiry on the lease set: its reservations must come back through expireLeases.
+  redis.call('ZADD', KEYS[3], now + lease, id)
   if haskey then
-    redis.call('ZADD', KEYS[6], now + lease, id)
-    redis.call('PEXPIRE', KEYS[6], lease * 2)
+    redis.call('ZADD', KEYS[8], now + lease, id)
+    redis.call('PEXPIRE', KEYS[8], lease * 2)
   end
-  if hasidem then redis.call('SET', KEYS[7], id, 'PX', lease) end
+  if hasidem then redis.call('SET', KEYS[9], id, 'PX', lease) end
   if est > 0 then
-    redis.call('HSET', KEYS[4], id, est)
-    redis.call('HINCRBY', KEYS[3], 'resv', est)
+    redis.call('HSET', KEYS[5], id, string.format('%.0f', est))
+    add(KEYS[4], 'resv', est)
   end
 end
 return {'ok', 0, 0}
 `;
 
 /**
- * Settles and releases a ticket in one round trip. KEYS: s m r ks i. ARGV: id cost prepaid haskey hasidem.
- * Returns the balance after (prepaid) or 0.
+ * Turns a ticket's reservation into its charge; holds on to its slot and idempotency key.
+ * KEYS: m r. ARGV: id cost prepaid. Returns the balance after (prepaid) or 0.
  */
-export const FINISH = `${NOW}
+export const SETTLE = `${PRELUDE}
 local id = ARGV[1]
-local cost = tonumber(ARGV[2])
+local cost, prepaid = int(ARGV[2], 0, SAFE), flag(ARGV[3])
+if type(id) ~= 'string' or id == '' then return bad('id') end
+if cost == nil then return bad('cost') end
+if prepaid == nil then return bad('flag') end
+local amt = redis.call('HGET', KEYS[2], id)
+if amt then
+  redis.call('HDEL', KEYS[2], id)
+  add(KEYS[1], 'resv', -num(amt))
+end
+if cost > 0 then
+  if num(redis.call('HGET', KEYS[1], 'day')) ~= day then redis.call('HSET', KEYS[1], 'day', day, 'spent', 0) end
+  add(KEYS[1], 'spent', cost)
+  if prepaid then add(KEYS[1], 'bal', -cost) end
+end
+return num(redis.call('HGET', KEYS[1], 'bal'))
+`;
+
+/**
+ * Gives back a ticket's slot, key slot and idempotency key, and its reservation if it was
+ * never settled. KEYS: s m r ks i. ARGV: id haskey hasidem.
+ */
+export const RELEASE = `${PRELUDE}
+local id = ARGV[1]
+local haskey, hasidem = flag(ARGV[2]), flag(ARGV[3])
+if type(id) ~= 'string' or id == '' then return bad('id') end
+if haskey == nil or hasidem == nil then return bad('flag') end
 redis.call('ZREM', KEYS[1], id)
-if ARGV[4] == '1' then redis.call('ZREM', KEYS[4], id) end
-if ARGV[5] == '1' and redis.call('GET', KEYS[5]) == id then redis.call('DEL', KEYS[5]) end
+if haskey then redis.call('ZREM', KEYS[4], id) end
+if hasidem and redis.call('GET', KEYS[5]) == id then redis.call('DEL', KEYS[5]) end
 local amt = redis.call('HGET', KEYS[3], id)
 if amt then
   redis.call('HDEL', KEYS[3], id)
-  redis.call('HINCRBY', KEYS[2], 'resv', -tonumber(amt))
+  add(KEYS[2], 'resv', -num(amt))
 end
-if cost > 0 then
-  if tonumber(redis.call('HGET', KEYS[2], 'day')) ~= day then redis.call('HSET', KEYS[2], 'day', day, 'spent', 0) end
-  redis.call('HINCRBY', KEYS[2], 'spent', cost)
-  if ARGV[3] == '1' then redis.call('HINCRBY', KEYS[2], 'bal', -cost) end
-end
-return tonumber(redis.call('HGET', KEYS[2], 'bal')) or 0
-`;
-
-/** Extends the leases of a live ticket. KEYS: s ks i. ARGV: id lease haskey hasidem. */
-export const RENEW = `${NOW}
-local lease = tonumber(ARGV[2])
-if redis.call('ZADD', KEYS[1], 'XX', 'CH', now + lease, ARGV[1]) == 1 then redis.call('PEXPIRE', KEYS[1], lease * 2) end
-if ARGV[3] == '1' and redis.call('ZADD', KEYS[2], 'XX', 'CH', now + lease, ARGV[1]) == 1 then redis.call('PEXPIRE', KEYS[2], lease * 2) end
-if ARGV[4] == '1' and redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('PEXPIRE', KEYS[3], lease) end
 return 1
 `;
 
-/** KEYS: m. ARGV: amount once. Adds credit (once=1: only if never credited before). Returns {credited, balance}. */
-export const CREDIT = `
-if ARGV[2] == '1' and redis.call('HSETNX', KEYS[1], 'credited', 1) == 0 then
-  return {0, tonumber(redis.call('HGET', KEYS[1], 'bal')) or 0}
-end
-redis.call('HSET', KEYS[1], 'credited', 1)
-return {1, redis.call('HINCRBY', KEYS[1], 'bal', tonumber(ARGV[1]))}
+/** Extends the leases of a live ticket. KEYS: s ks i. ARGV: id lease haskey hasidem. */
+export const RENEW = `${PRELUDE}
+local lease = int(ARGV[2], 1, 86400000)
+local haskey, hasidem = flag(ARGV[3]), flag(ARGV[4])
+if lease == nil then return bad('lease') end
+if haskey == nil or hasidem == nil then return bad('flag') end
+redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[1])
+if haskey and redis.call('ZADD', KEYS[2], 'XX', 'CH', now + lease, ARGV[1]) == 1 then redis.call('PEXPIRE', KEYS[2], lease * 2) end
+if hasidem and redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('PEXPIRE', KEYS[3], lease) end
+return 1
 `;
 
-/** KEYS: m s. Returns {bal, spent today, resv, in flight, now}. */
-export const SNAPSHOT = `${NOW}
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+/**
+ * Adds credit. KEYS: m c. ARGV: amount mode. Mode 'once': the one-time initial credit, given
+ * only if the account was never credited. Mode 'id': applied once per credit id (key c).
+ * Returns {credited (1/0), balance}.
+ */
+export const CREDIT = `${PRELUDE}
+local amount = int(ARGV[1], 0, SAFE)
+if amount == nil then return bad('amount') end
+if ARGV[2] == 'once' then
+  if redis.call('HSETNX', KEYS[1], 'credited', 1) == 0 then return {0, num(redis.call('HGET', KEYS[1], 'bal'))} end
+elseif ARGV[2] == 'id' then
+  -- Kept 8 days: longer than the ledger remembers credits to give again (7), whatever the clocks.
+  if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', 691200000) then return {0, num(redis.call('HGET', KEYS[1], 'bal'))} end
+  redis.call('HSET', KEYS[1], 'credited', 1)
+else
+  return bad('mode')
+end
+return {1, add(KEYS[1], 'bal', amount)}
+`;
+
+/** KEYS: m s r. Returns {bal, spent today, resv, in flight, now}. */
+export const SNAPSHOT = `${PRELUDE}
+expireLeases(KEYS[2], KEYS[1], KEYS[3])
 local m = redis.call('HMGET', KEYS[1], 'day', 'spent', 'bal', 'resv')
 local spent = 0
-if tonumber(m[1]) == day then spent = tonumber(m[2]) or 0 end
-return {tonumber(m[3]) or 0, spent, tonumber(m[4]) or 0, redis.call('ZCARD', KEYS[2]), now}
+if num(m[1]) == day then spent = num(m[2]) end
+return {num(m[3]), spent, num(m[4]), redis.call('ZCARD', KEYS[2]), now}
 `;

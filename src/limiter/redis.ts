@@ -2,7 +2,8 @@ import { createHash, randomBytes } from 'node:crypto';
 import type { RedisClientType } from 'redis';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { ADMIT, CREDIT, FINISH, RENEW, SNAPSHOT } from './redis-scripts.js';
+import { checkAdmission, checkCost, checkCredit } from './guard.js';
+import { ADMIT, CREDIT, RELEASE, RENEW, SETTLE, SNAPSHOT } from './redis-scripts.js';
 import {
   Rejection, type AccountLimits, type AccountSnapshot, type Decision, type InstantDecision, type KeyLimits, type Limiter,
   type RejectReason, type Settlement, type Ticket,
@@ -20,7 +21,8 @@ export interface RedisLimiterOptions {
 
 class RedisTicket implements Ticket {
   readonly ok = true as const;
-  finished = false;
+  settled = false;
+  released = false;
   constructor(
     readonly id: string,
     readonly accountId: string,
@@ -38,7 +40,10 @@ interface Script {
   sha: string;
 }
 const script = (source: string): Script => ({ source, sha: createHash('sha1').update(source).digest('hex') });
-const SCRIPTS = { admit: script(ADMIT), finish: script(FINISH), renew: script(RENEW), credit: script(CREDIT), snapshot: script(SNAPSHOT) };
+const SCRIPTS = {
+  admit: script(ADMIT), settle: script(SETTLE), release: script(RELEASE), renew: script(RENEW), credit: script(CREDIT),
+  snapshot: script(SNAPSHOT),
+};
 
 /** Loads the optional `redis` package only when the config asks for it. */
 function loadRedis(): typeof import('redis') {
@@ -51,7 +56,7 @@ function loadRedis(): typeof import('redis') {
 
 /**
  * The limiter shared by every gateway instance through Redis: one EVALSHA per admission
- * (every check in the contract's order), one per settlement (which also releases). Slots,
+ * (every check in the contract's order), one per settlement, one per release. Slots,
  * reservations and idempotency keys are leases renewed while a request lives, so a crashed
  * instance's holdings return by themselves within `leaseMs`. Fail-closed: no offline queue,
  * a tight timeout per command, and a store that does not answer is a 503.
@@ -68,6 +73,7 @@ export class RedisLimiter implements Limiter {
   private readonly idPrefix = randomBytes(6).toString('hex');
   private counter = 0;
   private lastError = 0;
+  readonly restoresFromLedger = false;
 
   constructor(options: RedisLimiterOptions) {
     const { createClient } = loadRedis();
@@ -102,6 +108,11 @@ export class RedisLimiter implements Limiter {
   }
 
   admit(account: AccountLimits, key: KeyLimits, idempotencyKey: string | null, estimateMicro: number | null): Promise<Decision> {
+    try {
+      checkAdmission(account, key, estimateMicro);
+    } catch (err) {
+      return Promise.reject(err);
+    }
     const id = this.nextId();
     return this.run(account, key, idempotencyKey, estimateMicro, false, id).then((reason) => {
       if (reason !== null) return reason;
@@ -112,46 +123,73 @@ export class RedisLimiter implements Limiter {
   }
 
   admitInstant(account: AccountLimits, key: KeyLimits, idempotencyKey: string | null): Promise<InstantDecision> {
+    try {
+      checkAdmission(account, key, null);
+    } catch (err) {
+      return Promise.reject(err);
+    }
     return this.run(account, key, idempotencyKey, null, true, this.nextId()).then((reason) => reason ?? ADMITTED);
   }
 
-  /** Settles and releases in the same round trip. */
+  /** Turns the reservation into the charge; the slot and idempotency key stay held until release. */
   settle(ticket: Ticket, costMicro: number): Promise<Settlement> {
+    try {
+      checkCost(costMicro);
+    } catch (err) {
+      return Promise.reject(err);
+    }
     const t = ticket as RedisTicket;
-    if (t.finished) return Promise.resolve({ balanceAfterMicro: null });
-    t.finished = true;
-    this.live.delete(t);
+    if (t.settled || t.released) return Promise.resolve({ balanceAfterMicro: null });
+    t.settled = true;
     const a = this.tag(t.accountId);
-    return this.eval(SCRIPTS.finish, [
-      `${a}:s`, `${a}:m`, `${a}:r`, `${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`,
-    ], [t.id, String(costMicro), t.prepaid ? '1' : '0', t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0'])
+    return this.eval(SCRIPTS.settle, [`${a}:m`, `${a}:r`], [t.id, String(costMicro), t.prepaid ? '1' : '0'])
       .then((balance) => ({ balanceAfterMicro: t.prepaid ? Number(balance) : null }));
   }
 
+  /**
+   * Gives the slot and idempotency key back (and a reservation never settled). Sent after any
+   * settlement of the same ticket on the same connection, so Redis runs the two in order; if
+   * Redis is away, the leases expire instead.
+   */
   release(ticket: Ticket): void {
     const t = ticket as RedisTicket;
-    if (t.finished) return;
-    // Not settled (nothing to charge): release now; if Redis is away, the lease expires instead.
-    this.settle(t, 0).catch(() => {});
+    if (t.released) return;
+    t.released = true;
+    this.live.delete(t);
+    const a = this.tag(t.accountId);
+    this.eval(SCRIPTS.release, [`${a}:s`, `${a}:m`, `${a}:r`, `${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`],
+      [t.id, t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0']).catch(() => {});
   }
 
   restore(): void {
     // Redis holds the shared money state itself.
   }
 
-  credit(accountId: string, amountMicro: number): Promise<number> {
-    return this.eval(SCRIPTS.credit, [`${this.tag(accountId)}:m`], [String(amountMicro), '0'])
+  credit(accountId: string, amountMicro: number, creditId: string): Promise<number> {
+    try {
+      checkCredit(amountMicro);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    const a = this.tag(accountId);
+    return this.eval(SCRIPTS.credit, [`${a}:m`, `${a}:c:${creditId}`], [String(amountMicro), 'id'])
       .then((r) => Number((r as unknown[])[1]));
   }
 
   creditOnce(accountId: string, amountMicro: number): Promise<number | null> {
-    return this.eval(SCRIPTS.credit, [`${this.tag(accountId)}:m`], [String(amountMicro), '1'])
+    try {
+      if (amountMicro !== 0) checkCredit(amountMicro);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    const a = this.tag(accountId);
+    return this.eval(SCRIPTS.credit, [`${a}:m`, `${a}:c:`], [String(amountMicro), 'once'])
       .then((r) => ((r as unknown[])[0] === 1 ? Number((r as unknown[])[1]) : null));
   }
 
   snapshot(account: AccountLimits): Promise<AccountSnapshot> {
     const a = this.tag(account.id);
-    return this.eval(SCRIPTS.snapshot, [`${a}:m`, `${a}:s`], []).then((r) => {
+    return this.eval(SCRIPTS.snapshot, [`${a}:m`, `${a}:s`, `${a}:r`], []).then((r) => {
       const [bal, spent, resv, inFlight, now] = (r as unknown[]).map(Number) as [number, number, number, number, number];
       return {
         balanceMicro: account.prepaid ? bal : null, spentTodayMicro: spent, reservedMicro: resv, inFlight,
@@ -186,9 +224,9 @@ export class RedisLimiter implements Limiter {
   ): Promise<Rejection | null> {
     const a = this.tag(account.id);
     const limited = hasKeyLimits(key);
+    const k = limited ? key.id : '';
     const keys = [
-      `${a}:w`, `${a}:s`, `${a}:m`, `${a}:r`, `${a}:kw:${limited ? key.id : ''}`, `${a}:ks:${limited ? key.id : ''}`,
-      `${a}:i:${idempotencyKey ?? ''}`,
+      `${a}:wt`, `${a}:wn`, `${a}:s`, `${a}:m`, `${a}:r`, `${a}:kwt:${k}`, `${a}:kwn:${k}`, `${a}:ks:${k}`, `${a}:i:${idempotencyKey ?? ''}`,
     ];
     const n = (v: number | null) => String(v ?? -1);
     const args = [

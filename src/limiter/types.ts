@@ -87,18 +87,31 @@ export interface Limiter {
   /**
    * Replaces the ticket's reservation with the real charge `costMicro` (today's spend and,
    * if prepaid, the balance). Done before the answer's final bytes, so the next request sees
-   * it. Only the first call per ticket counts.
+   * it. Only the first call per ticket counts. Settling is not releasing: the slot and the
+   * idempotency key stay held until `release`.
    */
   settle(ticket: Ticket, costMicro: number): MaybeAsync<Settlement>;
-  /** Gives back the slot and idempotency key (and any reservation not settled). Idempotent. */
+  /**
+   * Gives back the slot and idempotency key (and any reservation not settled: a call released
+   * unsettled is charged nothing). Done when the response is closed. Idempotent.
+   */
   release(ticket: Ticket): void;
   /**
-   * Seeds an account's money state from the ledger at start-up: its balance (prepaid
-   * accounts) and its spend on UTC day `day`. A shared store keeps its own state and ignores this.
+   * True when the store's money state is rebuilt from the ledger at start (`restore`); false
+   * for a shared store that keeps its own (which then ignores `restore`).
    */
-  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number): void;
-  /** Adds prepaid credit to an account; resolves to the balance after. */
-  credit(accountId: string, amountMicro: number): MaybeAsync<number>;
+  readonly restoresFromLedger: boolean;
+  /**
+   * Seeds an account's money state from the ledger at start-up: its prepaid balance (credits
+   * and the charges made while prepaid), its spend on UTC day `day`, and whether it was ever
+   * credited (its one-time initial credit is then not given again).
+   */
+  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number, credited: boolean): void;
+  /**
+   * Adds prepaid credit to an account, once per `creditId` (the credit's ledger entry id: a
+   * shared store applies a retried credit once); resolves to the balance after.
+   */
+  credit(accountId: string, amountMicro: number, creditId: string): MaybeAsync<number>;
   /**
    * The one-time initial credit of a prepaid account: given only if the account was never
    * credited (or restored) before; resolves to the balance after, or null when not given.

@@ -191,6 +191,10 @@ export class HttpProvider implements Provider {
       current = req;
       let done = false;
       const sentAt = performance.now();
+      // From here the provider may bill the call: it has the whole request.
+      req.on('finish', () => {
+        if (!done) ex.noteDelivered(true);
+      });
       const settle = (outcome: Outcome) => {
         if (done || phase !== 'headers') return;
         done = true;
@@ -212,6 +216,7 @@ export class HttpProvider implements Provider {
   private onOutcome(ex: Exchange, outcome: Outcome, n: number, deadlineAt: number, call: Call, retry: (waitMs: number) => void): void {
     if (ex.aborted) return call.end();
     if (outcome.kind === 'error') {
+      ex.noteDelivered(false); // a refused call is not billed
       ex.upstreamFailed('connection');
       const wait = backoffMs(n, null);
       if (n < MAX_ATTEMPTS && wait < deadlineAt - performance.now()) return retry(wait);
@@ -221,6 +226,7 @@ export class HttpProvider implements Provider {
     const res = outcome.res;
     const status = res.statusCode ?? 0;
     if (status >= 200 && status < 300) return this.relay(ex, res, call);
+    ex.noteDelivered(false); // an error status: the provider refused the call
     ex.upstreamFailed(status === 429 || status === 503 || status === 529 ? String(status) : status < 500 ? '4xx' : '5xx');
 
     const providerWait = retryAfterMs(res.headers, Date.now());
@@ -261,21 +267,24 @@ export class HttpProvider implements Provider {
           return ex.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
         }
         // Usage is read out of the answer's bytes; the whole answer is decoded and parsed only
-        // when that fails (no usage field, or something that may not be JSON at all).
-        const usage = usageField(answer);
-        let json: unknown = { usage };
-        if (usage === undefined) {
+        // when that fails (no usage field, unbelievable counts, or something that may not be JSON).
+        const found = usageField(answer);
+        let usage = found === undefined ? null : this.adapter.usage({ usage: found });
+        if (usage === null) {
+          let json: unknown;
           try {
             json = JSON.parse(answer.toString('utf8'));
           } catch {
             ex.upstreamFailed('garbage');
             return ex.fail('upstream_error', { message: 'The provider answered something that is not JSON.' });
           }
+          usage = this.adapter.usage(json);
+          if (usage === null) ex.noteOutput(this.adapter.outputChars(json)); // charged as an estimate
         }
-        ex.settle(this.adapter.usage(json), () => {
+        ex.settle(usage, () => {
           passed.push('content-length', String(answer.length));
           ex.head(res.statusCode!, contentType, passed);
-          ex.res.end(answer);
+          ex.end(answer);
         });
       });
       return;
@@ -287,8 +296,12 @@ export class HttpProvider implements Provider {
     const watcher = this.adapter.watch(ex);
     const splitter = new SseSplitter();
     let ended = false;
-    let idle: NodeJS.Timeout = setTimeout(() => onIdle(), this.config.streamIdleTimeoutMs);
+    // While the gateway waits for a slow client (backpressure), the provider's silence is ours,
+    // not its own: the idle timer then does nothing, and restarts when the client has read.
+    let waitingForClient = false;
+    const idle: NodeJS.Timeout = setTimeout(() => onIdle(), this.config.streamIdleTimeoutMs);
     const onIdle = () => {
+      if (waitingForClient || ended) return;
       res.destroy();
       cut(`no data from the provider for ${this.config.streamIdleTimeoutMs} ms`);
     };
@@ -296,14 +309,19 @@ export class HttpProvider implements Provider {
     const endWith = (last: string) => {
       ended = true;
       clearTimeout(idle);
-      ex.settle(watcher.usage(), () => ex.res.end(last));
+      ex.settle(watcher.usage(), () => ex.end(last));
     };
     const cut = (why: string) => {
       if (ended || ex.aborted) return;
       ended = true;
       clearTimeout(idle);
       ex.upstreamFailed('cut');
-      ex.cut(watcher.usage(), why);
+      ex.cut(why, watcher.usage());
+    };
+    const resume = () => {
+      waitingForClient = false;
+      idle.refresh();
+      res.resume();
     };
     res.on('data', (chunk: Buffer) => {
       if (ended) return;
@@ -314,16 +332,17 @@ export class HttpProvider implements Provider {
         if (seen.final) {
           // The final event leaves only after the charge is settled. The rest of the provider's
           // answer is read and dropped (ended is set), so its socket returns to the pool.
-          if (out !== '') ex.res.write(out);
+          if (out !== '') ex.write(out);
           endWith(seen.forward ? event : '');
           res.resume();
           return;
         }
         if (seen.forward) out += event;
       }
-      if (out !== '' && !ex.res.write(out)) {
+      if (out !== '' && !ex.write(out)) {
         res.pause(); // backpressure: a slow client slows the provider, the gateway does not buffer
-        ex.res.once('drain', () => res.resume());
+        waitingForClient = true;
+        ex.whenDrained(resume);
       }
     });
     res.on('end', () => {
@@ -331,7 +350,7 @@ export class HttpProvider implements Provider {
       const rest = splitter.rest();
       if (rest !== '') {
         const seen = watcher.see(rest);
-        if (seen.forward) ex.res.write(rest);
+        if (seen.forward) ex.write(rest);
       }
       endWith('');
     });

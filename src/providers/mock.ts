@@ -1,7 +1,7 @@
 import { hash } from 'node:crypto';
 import type { ProviderConfig } from '../config/types.js';
 import type { Usage } from '../money.js';
-import { lastUserText, tokensOf } from './text.js';
+import { inputChars, lastUserText, tokensOf } from './text.js';
 import type { Exchange, Provider } from './types.js';
 
 /**
@@ -13,6 +13,7 @@ export class MockProvider implements Provider {
   constructor(private readonly config: ProviderConfig) {}
 
   handle(ex: Exchange): void {
+    ex.noteDelivered(true); // the mock has the request at once
     if (this.config.latencyMs === 0) return this.answer(ex);
     const timer = setTimeout(() => this.answer(ex), this.config.latencyMs);
     ex.onAbort(() => clearTimeout(timer));
@@ -26,7 +27,7 @@ export class MockProvider implements Provider {
     const truncated = text.length > limit;
     if (truncated) text = text.slice(0, limit);
     const usage: Usage = {
-      inputTokens: tokensOf(ex.inputChars), outputTokens: tokensOf(text.length), cacheReadTokens: 0, cacheWriteTokens: 0,
+      inputTokens: tokensOf(inputChars(ex.body)), outputTokens: tokensOf(text.length), cacheReadTokens: 0, cacheWriteTokens: 0,
     };
     if (ex.endpoint === 'chat') {
       if (ex.stream) chatStream(ex, text, truncated, usage, this.config.tokensPerSecond);
@@ -39,7 +40,7 @@ export class MockProvider implements Provider {
 function sendJson(ex: Exchange, value: unknown): void {
   const body = JSON.stringify(value);
   ex.head(200, 'application/json', ['content-length', String(Buffer.byteLength(body))]);
-  ex.res.end(body);
+  ex.end(body);
 }
 
 function chat(ex: Exchange, text: string, truncated: boolean, usage: Usage): void {
@@ -61,7 +62,7 @@ function chatStream(ex: Exchange, text: string, truncated: boolean, usage: Usage
   const suffix = includeUsage ? ',"usage":null}\n\n' : '}\n\n';
   const chunk = (delta: string, finish: string) => `${prefix}[{"index":0,"delta":${delta},"finish_reason":${finish}}]${suffix}`;
   ex.head(200, 'text/event-stream', ['cache-control', 'no-cache']);
-  ex.res.write(chunk('{"role":"assistant","content":""}', 'null'));
+  ex.write(chunk('{"role":"assistant","content":""}', 'null'));
   pump(ex, pieces(text), tokensPerSecond, (piece) => chunk(`{"content":${JSON.stringify(piece)}}`, 'null'), () => {
     ex.settle(usage, () => {
       let tail = chunk('{}', truncated ? '"length"' : '"stop"');
@@ -69,7 +70,7 @@ function chatStream(ex: Exchange, text: string, truncated: boolean, usage: Usage
         tail += `${prefix}[],"usage":${JSON.stringify({ prompt_tokens: usage.inputTokens,
           completion_tokens: usage.outputTokens, total_tokens: usage.inputTokens + usage.outputTokens })}}\n\n`;
       }
-      ex.res.end(`${tail}data: [DONE]\n\n`);
+      ex.end(`${tail}data: [DONE]\n\n`);
     });
   });
 }
@@ -89,7 +90,9 @@ function event(type: string, data: unknown): string {
 
 function messagesStream(ex: Exchange, text: string, truncated: boolean, usage: Usage, tokensPerSecond: number): void {
   ex.head(200, 'text/event-stream', ['cache-control', 'no-cache']);
-  ex.res.write(
+  const startUsage: Usage = { inputTokens: usage.inputTokens, outputTokens: 1, cacheReadTokens: 0, cacheWriteTokens: 0 };
+  ex.noteUsage(startUsage); // as a real provider's message_start: input known, output not yet
+  ex.write(
     event('message_start', { type: 'message_start', message: {
       id: `msg_${ex.requestId}`, type: 'message', role: 'assistant', model: ex.model.upstreamModel, content: [],
       stop_reason: null, stop_sequence: null, usage: { input_tokens: usage.inputTokens, output_tokens: 1 } } }) +
@@ -99,8 +102,8 @@ function messagesStream(ex: Exchange, text: string, truncated: boolean, usage: U
   const delta = (piece: string) =>
     event('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: piece } });
   pump(ex, pieces(text), tokensPerSecond, delta, () => {
-    ex.res.write(event('content_block_stop', { type: 'content_block_stop', index: 0 }));
-    ex.settle(usage, () => ex.res.end(
+    ex.write(event('content_block_stop', { type: 'content_block_stop', index: 0 }));
+    ex.settle(usage, () => ex.end(
       event('message_delta', { type: 'message_delta', delta: { stop_reason: truncated ? 'max_tokens' : 'end_turn',
         stop_sequence: null }, usage: { output_tokens: usage.outputTokens } }) +
       event('message_stop', { type: 'message_stop' }),
@@ -112,7 +115,7 @@ function embeddings(ex: Exchange): void {
   const input = ex.body.input;
   const texts = Array.isArray(input) ? input.map((s) => (typeof s === 'string' ? s : JSON.stringify(s))) : [String(input)];
   const dimensions = typeof ex.body.dimensions === 'number' ? ex.body.dimensions : 8;
-  const usage: Usage = { inputTokens: tokensOf(ex.inputChars), outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
+  const usage: Usage = { inputTokens: tokensOf(inputChars(ex.body)), outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
   ex.settle(usage, () => sendJson(ex, {
     object: 'list', model: ex.model.upstreamModel,
     data: texts.map((text, index) => ({ object: 'embedding', index, embedding: vectorOf(text, dimensions) })),
@@ -155,14 +158,14 @@ function pump(ex: Exchange, parts: string[], tokensPerSecond: number, render: (p
     while (i < parts.length) {
       const piece = parts[i++]!;
       ex.noteOutput(piece.length);
-      const flowing = ex.res.write(render(piece));
+      const flowing = ex.write(render(piece));
       if (interval > 0 && i < parts.length) {
         if (flowing) timer = setTimeout(step, interval);
-        else ex.res.once('drain', () => { if (!ex.aborted) timer = setTimeout(step, interval); });
+        else ex.whenDrained(() => { timer = setTimeout(step, interval); });
         return;
       }
       if (!flowing) {
-        ex.res.once('drain', step);
+        ex.whenDrained(step);
         return;
       }
     }

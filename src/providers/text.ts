@@ -1,6 +1,7 @@
 /**
  * Reading text out of OpenAI and Anthropic request bodies: message content is a string or
- * an array of parts, of which text parts count. Used for estimates and by the mock.
+ * an array of parts, of which text parts count. The mock meters with it (CONTRACT section 2);
+ * the gateway's own estimates count more (estimate.ts).
  */
 
 function partsText(content: unknown): string {

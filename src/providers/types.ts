@@ -18,9 +18,9 @@ export interface Exchange {
   readonly stream: boolean;
   readonly requestId: string;
   readonly res: ServerResponse;
-  /** Input size in characters of all message text (the basis of estimates). */
-  readonly inputChars: number;
-  /** The output budget in tokens: the request's max_tokens or the model's default. */
+  /** The gateway's estimate of the request's input tokens (providers/estimate.ts). */
+  readonly inputTokens: number;
+  /** The output budget of one answer in tokens: the request's limit or the model's default. */
   readonly maxOutputTokens: number;
   /** True once the client has gone away. */
   readonly aborted: boolean;
@@ -28,8 +28,31 @@ export interface Exchange {
   onAbort(stop: () => void): void;
   /** Writes the status line and headers (request ids added) with any extra header pairs. */
   head(status: number, contentType: string, extra?: string[]): void;
-  /** Counts generated characters relayed so far (the estimate when usage never arrives). */
+  /**
+   * Writes part of an answer; false when the client is not keeping up: stop producing (pause
+   * the provider) until `whenDrained`.
+   */
+  write(chunk: string): boolean;
+  /**
+   * Runs `resume` once the client has read what is buffered. Meanwhile the call is waiting for
+   * the client, not for the provider; a client that reads nothing for
+   * `server.clientIdleTimeoutMs` is cut.
+   */
+  whenDrained(resume: () => void): void;
+  /** Writes the final bytes and ends the answer (after `settle`). */
+  end(chunk?: string | Buffer): void;
+  /** Counts generated characters relayed so far (the output estimate when usage never arrives). */
   noteOutput(chars: number): void;
+  /**
+   * Usage the provider reported before its final count (Anthropic's `message_start`): an
+   * abnormal end is charged at least this.
+   */
+  noteUsage(usage: Usage): void;
+  /**
+   * Whether the provider now has the whole request (true once it is sent; false when the
+   * provider refused an attempt). A call whose provider never had it is not charged.
+   */
+  noteDelivered(delivered: boolean): void;
   /** Reports the time to the provider's response headers of one attempt (metrics). */
   observeUpstream(seconds: number): void;
   /** Reports a failed attempt: 'connection', 'timeout', '429', '4xx', '5xx', 'garbage', 'cut' (metrics). */
@@ -37,16 +60,22 @@ export interface Exchange {
   /** A request header of the client (lowercase name). */
   header(name: string): string | undefined;
   /**
-   * Charges `usage` (null: the provider reported none, so an estimate from input and noted
-   * output is charged and marked estimated), then runs `then`, which writes the final bytes.
+   * Charges the final `usage` (null: the provider reported none; the abnormal-end estimate is
+   * charged, marked estimated), then runs `then`, which writes the final bytes.
    */
   settle(usage: Usage | null, then: () => void): void;
-  /** Answers with a contract error (before any byte was sent) or cuts the stream (after). */
+  /**
+   * Answers with a contract error (before any byte was sent) or cuts the answer (after). If the
+   * provider had the request and did not refuse it, the call is charged as an abnormal end.
+   */
   fail(code: ErrorCode, details?: ErrorDetails): void;
   /** Answers with an error outside the fixed table (a provider's `upstream_<status>`). */
   failWith(code: string, spec: ErrorSpec, message: string): void;
-  /** Ends a stream that broke off after bytes were sent: charges `usage` or an estimate, cuts the connection. */
-  cut(usage: Usage | null, why: string): void;
+  /**
+   * Ends an answer that broke off after bytes were sent and cuts the connection: charged the
+   * provider's final usage when it had already given it, else as an abnormal end.
+   */
+  cut(why: string, finalUsage?: Usage | null): void;
 }
 
 export interface Provider {

@@ -20,7 +20,7 @@ export class Watchlist {
   private tail: Watch | null = null;
   private timer: NodeJS.Timeout | null = null;
 
-  constructor(private readonly ms: number, private readonly now: () => number = () => performance.now()) {}
+  constructor(readonly ms: number, private readonly now: () => number = () => performance.now()) {}
 
   /** Starts (or restarts) `watch`'s full duration. */
   arm(watch: Watch): void {

@@ -1,6 +1,7 @@
 import { hash, randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AccountConfig, Limit, PlanConfig } from '../config/types.js';
+import { MAX_LIMIT } from '../config/validate.js';
 import { GatewayError } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import { readBodyAsync } from '../http/body.js';
@@ -48,7 +49,9 @@ function limitField(body: Body, name: string): Limit | undefined {
   const v = body[name];
   if (v === undefined) return undefined;
   if (v === null || v === 'unlimited') return null;
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < 0) throw bad(name, `"${name}" must be a non-negative integer or "unlimited".`);
+  if (typeof v !== 'number' || !Number.isInteger(v) || v < 0 || v > MAX_LIMIT) {
+    throw bad(name, `"${name}" must be an integer from 0 to ${MAX_LIMIT}, or "unlimited".`);
+  }
   return v;
 }
 
@@ -218,13 +221,11 @@ export function registerAdminRoutes(router: Router<Gateway>): void {
           const amount = parseUsd(body.amountUsd);
           if (typeof amount === 'string' || amount <= 0) throw bad('amountUsd', '"amountUsd" must be an amount above 0.');
           if (body.note !== undefined && typeof body.note !== 'string') throw bad('note', '"note" must be a string.');
-          const balance = await gw.limiter.credit(id, amount);
-          const entry = {
-            type: 'credit' as const, accountId: id, keyId: null, amountMicro: amount, balanceAfterMicro: balance, createdAt: gw.clock.now(),
-            requestId: ctx.id, model: null, inputTokens: 0, outputTokens: 0, estimated: false, note: (body.note as string | undefined) ?? null,
-          };
-          const id_ = await gw.recordDurably(entry);
-          sendJson(ctx, res, 201, JSON.stringify({ ...historyItem({ ...entry, id: id_ }), note: entry.note }), gw.done);
+          const entry = await gw.credits.credit({
+            account, amountMicro: amount, note: (body.note as string | undefined) ?? null,
+            idempotencyKey: ctx.idempotencyKey ?? null, requestId: ctx.id,
+          });
+          sendJson(ctx, res, 201, JSON.stringify({ ...historyItem(entry), note: entry.note }), gw.done);
         });
       },
     },

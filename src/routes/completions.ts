@@ -7,12 +7,14 @@ import { newEntryId } from '../ledger/entry-id.js';
 import type { RequestContext } from '../http/context.js';
 import { baseHeaders, sendError, sendErrorSpec } from '../http/reply.js';
 import type { Ticket } from '../limiter/types.js';
-import { costMicro, type Usage } from '../money.js';
+import { costMicro, MAX_TOKENS, type Usage } from '../money.js';
+import { estimateInputTokens, MAX_DEPTH } from '../providers/estimate.js';
 import { supports, thinkingLimits } from '../providers/protocols.js';
-import { inputChars, tokensOf } from '../providers/text.js';
+import { tokensOf } from '../providers/text.js';
+import { Watch } from '../providers/watchlist.js';
 import type { Endpoint, Exchange } from '../providers/types.js';
 import type { Router } from '../router.js';
-import { checkCall, type CallRequest } from './validate.js';
+import { checkCall, checkOutputLimits, type CallRequest } from './validate.js';
 
 export function registerCompletionRoutes(router: Router<Gateway>): void {
   router.add('/v1/chat/completions', { auth: true, methods: { POST: modelCall('chat') } });
@@ -68,17 +70,26 @@ function afterBody(
       fields: { param: 'model' },
     });
   }
-  const chars = inputChars(call.body);
+  const outputProblem = checkOutputLimits(call, model.outputTokenLimit);
+  if (outputProblem !== null) {
+    return sendError(ctx, res, 'invalid_request', gw.done, { message: outputProblem.message, fields: { param: outputProblem.param } });
+  }
+  const inputTokens = estimateInputTokens(call.body);
+  if (inputTokens === null) {
+    return sendError(ctx, res, 'invalid_request', gw.done, {
+      message: `The request body nests deeper than ${MAX_DEPTH} levels.`, fields: { param: null },
+    });
+  }
   let maxOutput = call.maxTokens ?? model.maxOutputTokens;
   // Reserve for what the provider may really produce: thinking can raise max_tokens.
   if (model.thinking && model.provider.protocol === 'anthropic') maxOutput = thinkingLimits(maxOutput).maxTokens;
+  // Every answer of `n` may use the whole output budget.
+  const reservedOutput = endpoint === 'embeddings' ? 0 : Math.min(MAX_TOKENS, maxOutput * call.choices);
   const estimate = model.billable
-    ? costMicro(model.price, {
-      inputTokens: tokensOf(chars), outputTokens: endpoint === 'embeddings' ? 0 : maxOutput, cacheReadTokens: 0, cacheWriteTokens: 0,
-    })
+    ? costMicro(model.price, { inputTokens, outputTokens: reservedOutput, cacheReadTokens: 0, cacheWriteTokens: 0 })
     : null;
   gw.admit(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, estimate), (decision) => {
-    const exchange = new LiveExchange(gw, ctx, req, res, endpoint, call, model, chars, maxOutput, decision);
+    const exchange = new LiveExchange(gw, ctx, req, res, endpoint, call, model, inputTokens, maxOutput, decision);
     const provider = gw.providers.get(model.provider.id)!;
     try {
       provider.handle(exchange);
@@ -96,9 +107,10 @@ const PROTOCOL_ENDPOINT: Record<string, string> = { openai: '/v1/chat/completion
 const NO_USAGE: Usage = { inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
 
 /**
- * One admitted call in progress. Owns the ticket: the charge is settled once (real usage
- * before the final bytes; an estimate if the answer never completes) and the slot and
- * idempotency key are released once, when the response closes for any reason.
+ * One admitted call in progress. Owns the ticket: the charge is settled once (the provider's
+ * final usage before the final bytes, or the abnormal-end charge when the call ends without
+ * it) and the slot and idempotency key are released once, when the response closes for any
+ * reason.
  */
 class LiveExchange implements Exchange {
   readonly body: Record<string, unknown>;
@@ -107,7 +119,13 @@ class LiveExchange implements Exchange {
   aborted = false;
   private settled = false;
   private outputChars = 0;
+  /** Usage the provider reported before its final count, if any. */
+  private reported: Usage | null = null;
+  /** Whether the provider has the whole request (and did not refuse it). */
+  private delivered = false;
   private stops: Array<() => void> = [];
+  /** Armed while the client is not reading what it was sent. */
+  private clientWatch: Watch | null = null;
 
   constructor(
     private readonly gw: Gateway,
@@ -117,7 +135,7 @@ class LiveExchange implements Exchange {
     readonly endpoint: Endpoint,
     call: CallRequest,
     readonly model: ModelEntry,
-    readonly inputChars: number,
+    readonly inputTokens: number,
     readonly maxOutputTokens: number,
     private readonly ticket: Ticket,
   ) {
@@ -142,8 +160,38 @@ class LiveExchange implements Exchange {
     this.res.writeHead(status, headers);
   }
 
+  write(chunk: string): boolean {
+    return this.res.write(chunk);
+  }
+
+  whenDrained(resume: () => void): void {
+    this.waitForClient();
+    this.res.once('drain', () => {
+      this.clientRead();
+      if (!this.aborted) resume();
+    });
+  }
+
+  end(chunk?: string | Buffer): void {
+    this.res.end(chunk);
+    // The last bytes may sit in the socket's buffer if the client stopped reading: the slot is
+    // held until they are read, so the same idle bound applies.
+    if (!this.res.writableFinished && (this.res.socket?.writableLength ?? 0) > 0) {
+      this.waitForClient();
+      this.res.once('finish', () => this.clientRead());
+    }
+  }
+
   noteOutput(chars: number): void {
     this.outputChars += chars;
+  }
+
+  noteUsage(usage: Usage): void {
+    this.reported = usage;
+  }
+
+  noteDelivered(delivered: boolean): void {
+    this.delivered = delivered;
   }
 
   observeUpstream(seconds: number): void {
@@ -161,7 +209,7 @@ class LiveExchange implements Exchange {
 
   settle(usage: Usage | null, then: () => void): void {
     if (this.settled) return then();
-    const durable = usage === null ? this.charge(this.estimate(), true) : this.charge(usage, false);
+    const durable = usage === null ? this.charge(this.abnormalUsage(), true) : this.charge(usage, false);
     if (!(durable instanceof Promise)) return then();
     // The final bytes leave only once the charge is on disk (group commit).
     durable.then(() => {
@@ -178,25 +226,44 @@ class LiveExchange implements Exchange {
   }
 
   private failSpec(code: string, spec: ErrorSpec, details: ErrorDetails): void {
-    if (this.res.headersSent) return this.cut(null, details.message ?? code);
-    if (!this.settled) this.charge(NO_USAGE, false); // no answer reached the client: nothing to bill
+    if (this.res.headersSent) return this.cut(details.message ?? code);
+    // The provider had the request and did not refuse it (it timed out, or its answer could
+    // not be relayed): it bills the call, so the client is charged too. A refusal is free.
+    if (!this.settled) this.charge(this.delivered ? this.abnormalUsage() : NO_USAGE, this.delivered);
     sendErrorSpec(this.ctx, this.res, code, spec, this.gw.done, details);
   }
 
-  cut(usage: Usage | null, why: string): void {
-    if (!this.settled) this.charge(usage ?? this.estimate(), usage === null);
+  cut(why: string, finalUsage: Usage | null = null): void {
+    if (!this.settled) this.charge(finalUsage ?? this.abnormalUsage(), finalUsage === null);
     this.gw.logger.warn('stream cut', { request_id: this.ctx.id, reason: why });
     this.res.destroy();
   }
 
   /** A provider bug: answer 500 if we still can, never leak the ticket. */
   crash(err: unknown): void {
-    if (!this.settled) this.charge(this.res.headersSent ? this.estimate() : NO_USAGE, this.res.headersSent);
+    if (!this.settled) {
+      const billed = this.res.headersSent || this.delivered;
+      this.charge(billed ? this.abnormalUsage() : NO_USAGE, billed);
+    }
     this.gw.fault(this.ctx, this.res, err);
   }
 
-  private estimate(): Usage {
-    return { inputTokens: tokensOf(this.inputChars), outputTokens: tokensOf(this.outputChars), cacheReadTokens: 0, cacheWriteTokens: 0 };
+  /**
+   * What a call that ended without the provider's final usage is charged (CONTRACT section 7):
+   * the larger of the input the provider reported (cache tokens included, at their prices) and
+   * the gateway's input estimate, plus the larger of the output it reported and the output
+   * relayed so far (characters / 4). So never less than either.
+   */
+  private abnormalUsage(): Usage {
+    const relayed = tokensOf(this.outputChars);
+    const reported = this.reported;
+    if (reported === null) return { inputTokens: this.inputTokens, outputTokens: relayed, cacheReadTokens: 0, cacheWriteTokens: 0 };
+    const price = this.model.price;
+    const reportedInput = { ...reported, outputTokens: 0 };
+    const estimatedInput = { inputTokens: this.inputTokens, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
+    const input = costMicro(price, reportedInput) >= costMicro(price, estimatedInput) ? reportedInput : estimatedInput;
+    input.outputTokens = Math.max(reported.outputTokens, relayed);
+    return input;
   }
 
   /** Settles the ticket and records the call; a promise resolves when the record is durable. */
@@ -215,7 +282,7 @@ class LiveExchange implements Exchange {
       id: newEntryId(), type: this.model.billable ? 'charge' : 'usage', accountId: this.ticket.accountId, keyId: this.ctx.key!.id,
       amountMicro: -cost, balanceAfterMicro, createdAt: gw.clock.now(), requestId: this.ctx.id, model: this.model.id,
       inputTokens: usage.inputTokens + usage.cacheReadTokens + usage.cacheWriteTokens, outputTokens: usage.outputTokens,
-      estimated, note: null,
+      estimated, note: null, idempotencyKey: null,
     });
     if (!(settlement instanceof Promise)) return write(settlement.balanceAfterMicro);
     // If the shared store cannot take the charge, the history still must: record it anyway.
@@ -225,14 +292,29 @@ class LiveExchange implements Exchange {
     });
   }
 
+  /** The client stopped reading: from now on the call waits for it, at most clientIdleTimeoutMs. */
+  private waitForClient(): void {
+    this.clientWatch ??= new Watch(() => {
+      if (this.aborted || this.res.writableFinished) return;
+      this.cut(`the client read nothing for ${this.gw.config.server.clientIdleTimeoutMs} ms`);
+    });
+    this.gw.clientIdle.arm(this.clientWatch);
+  }
+
+  private clientRead(): void {
+    if (this.clientWatch !== null) this.gw.clientIdle.remove(this.clientWatch);
+  }
+
   /** The response is over: finished, or the client went away first. */
   private readonly onClose = (): void => {
+    this.clientRead();
     if (!this.res.writableFinished) {
       this.aborted = true;
       for (const stop of this.stops) stop();
       if (!this.res.headersSent) this.ctx.status = 499;
     }
-    if (!this.settled) this.charge(this.estimate(), true);
+    // A client gone before the provider had the request costs nothing; after, it is charged.
+    if (!this.settled) this.charge(this.delivered ? this.abnormalUsage() : NO_USAGE, this.delivered);
     this.gw.limiter.release(this.ticket);
     this.gw.inFlight--;
     this.gw.done(this.ctx);

@@ -15,7 +15,7 @@ describe('the programmatic API', () => {
   test('createGateway validates like a file, listens, reloads, reports health and closes gracefully', async () => {
     await assert.rejects(createGateway({ plans: { p: { rpm: 'many' } } }, { logger: quiet }), (err: unknown) => {
       assert.ok(err instanceof ConfigError);
-      assert.deepEqual(err.problems, ['plans.p.rpm: must be a non-negative integer or "unlimited"']);
+      assert.deepEqual(err.problems, ['plans.p.rpm: must be an integer from 0 to 1000000000, or "unlimited"']);
       return true;
     });
     const gw = await createGateway(testConfig(), { logger: quiet });

@@ -4,6 +4,7 @@ import { after, before, beforeEach, describe, test } from 'node:test';
 import {
   anthropicMessage, anthropicStream, FakeUpstream, json, openaiCompletion, openaiStream,
 } from '../helpers/fake-upstream.js';
+import { estimateInputTokens } from '../../src/providers/estimate.js';
 import { chatBody, entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
 
 const PRICE = { inputPerMillion: 1, outputPerMillion: 2, cacheReadPerMillion: 0.5, cacheWritePerMillion: 4 };
@@ -185,7 +186,7 @@ describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
     await garbage.text();
   });
 
-  test('a non-streamed answer whose body stalls after its headers is 502 after timeoutMs, and its slot returns', async () => {
+  test('a non-streamed answer whose body stalls after its headers is 502 after timeoutMs, charged an estimate, and its slot returns', async () => {
     up.queue.push((_req, r) => {
       r.writeHead(200, { 'content-type': 'application/json', 'content-length': '1000' });
       r.write('{"id":"chatcmpl-stalled",'); // and nothing more
@@ -196,18 +197,22 @@ describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
     assert.equal(res.status, 502);
     assert.ok(Date.now() - started >= 1400, 'not before timeoutMs (1500 ms)');
     assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'upstream_error');
-    assert.equal(entriesOf(gw, 'acct_a').length, entries, 'no answer reached the client: nothing is billed');
+    // The provider had the request and answered (so it bills): an abnormal end, charged an estimate.
+    assert.equal(entriesOf(gw, 'acct_a').length, entries + 1);
+    assert.equal(lastCharge().estimated, true);
+    assert.equal(lastCharge().inputTokens, estimateInputTokens(chatBody('gpt-x')));
     up.queue.push((_req, r) => json(r, 200, openaiCompletion('ok')));
     assert.equal((await postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody('gpt-x'))).status, 200, 'concurrency 1: the slot came back');
   });
 
   test('a stream cut by the provider is cut for the client, charged an estimate, and its slot returns', async () => {
     up.queue.push(openaiStream(['aaaa', 'bbbb', 'cccc'], {}, { cutAfter: 3, delayMs: 20 }));
-    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody('gpt-x', 'x'.repeat(40), { stream: true }));
+    const body = chatBody('gpt-x', 'x'.repeat(40), { stream: true });
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-client', body);
     await assert.rejects(res.text());
     const charge = lastCharge();
     assert.equal(charge.estimated, true);
-    assert.equal(charge.inputTokens, 10);
+    assert.equal(charge.inputTokens, estimateInputTokens(body)); // every key and value of the messages / 4
     assert.equal(charge.outputTokens, 3); // 12 characters streamed before the cut
     // concurrency 1: the next call is admitted, so the slot came back
     up.queue.push((_req, r) => json(r, 200, openaiCompletion('ok')));

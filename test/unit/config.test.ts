@@ -24,7 +24,7 @@ describe('config validation', () => {
     assert.ok(r.ok);
     assert.deepEqual(r.config.server, {
       host: '127.0.0.1', port: 8080, maxBodyBytes: 4194304, requestTimeoutMs: 30000, drainDelayMs: 0,
-      drainTimeoutMs: 30000, metrics: true, logLevel: 'info',
+      drainTimeoutMs: 30000, clientIdleTimeoutMs: 120000, metrics: true, logLevel: 'info',
     });
     assert.deepEqual(r.config.limiter, { store: 'memory' });
     assert.deepEqual(r.config.ledger, { store: 'file', dir: '/srv/gw/data' });
@@ -49,8 +49,8 @@ describe('config validation', () => {
     const expected = [
       'server.colour: unknown key',
       'server.port: must be an integer from 0 to 65535',
-      'plans.free.rpm: must be a non-negative integer or "unlimited"',
-      'plans.free.concurrency: must be a non-negative integer or "unlimited"',
+      'plans.free.rpm: must be an integer from 0 to 1000000000, or "unlimited"',
+      'plans.free.concurrency: must be an integer from 0 to 1000000000, or "unlimited"',
       'plans.free.dailyCapUsd: has more than 6 decimal places',
       'accounts.acct_a.plan: unknown plan "gold"',
       'keys.k1.account: unknown account "acct_x"',

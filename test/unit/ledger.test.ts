@@ -18,7 +18,7 @@ function charge(accountId: string, micro: number, at = T0, extra: Partial<Ledger
   n++;
   return {
     id: `txn_${n}`, type: 'charge', accountId, keyId: 'k1', amountMicro: -micro, balanceAfterMicro: null, createdAt: at,
-    requestId: `req_${n}`, model: 'm1', inputTokens: 10, outputTokens: 5, estimated: false, note: null, ...extra,
+    requestId: `req_${n}`, model: 'm1', inputTokens: 10, outputTokens: 5, estimated: false, note: null, idempotencyKey: null, ...extra,
   };
 }
 const credit = (accountId: string, micro: number, at = T0): LedgerEntry => charge(accountId, -micro, at, { type: 'credit', model: null, keyId: null });
@@ -52,12 +52,14 @@ describe('journal records', () => {
 describe('LedgerBook', () => {
   test('balances, spend of the latest UTC day, usage by day, model and key', () => {
     const book = new LedgerBook();
+    book.apply(charge('a', 30, T0 - DAY_MS)); // while postpaid: spend, not taken from a later prepaid balance
+    assert.deepEqual(book.totals.get('a'), { balanceMicro: 0, day: Math.floor((T0 - DAY_MS) / DAY_MS), spentMicro: 30, credited: false });
     book.apply(credit('a', 1000));
-    book.apply(charge('a', 100, T0));
-    book.apply(charge('a', 50, T0, { model: 'm2', keyId: 'k2' }));
-    book.apply(charge('a', 7, T0 + DAY_MS));
+    book.apply(charge('a', 100, T0, { balanceAfterMicro: 900 }));
+    book.apply(charge('a', 50, T0, { model: 'm2', keyId: 'k2', balanceAfterMicro: 850 }));
+    book.apply(charge('a', 7, T0 + DAY_MS, { balanceAfterMicro: 843 }));
     const t = book.totals.get('a')!;
-    assert.deepEqual(t, { balanceMicro: 843, day: Math.floor((T0 + DAY_MS) / DAY_MS), spentMicro: 7 });
+    assert.deepEqual(t, { balanceMicro: 843, day: Math.floor((T0 + DAY_MS) / DAY_MS), spentMicro: 7, credited: true });
     const d0 = Math.floor(T0 / DAY_MS);
     assert.deepEqual(book.usage('a', d0, d0 + 1, 'day').map((r) => [r.date, r.requests, r.costMicro]),
       [['2026-01-15', 2, 150], ['2026-01-16', 1, 7]]);
@@ -138,7 +140,7 @@ describe('memory ledger: bounded history', () => {
     const ledger = new MemoryLedger(40);
     const ids: string[] = [];
     for (let i = 0; i < 1000; i++) {
-      const e = charge('a', 1);
+      const e = charge('a', 1, T0, { balanceAfterMicro: -1 - i });
       ids.push(e.id);
       ledger.append(e);
       assert.ok(ledger.entries('a').length <= 50, 'at most a quarter over the bound');
@@ -186,7 +188,7 @@ describe('file ledger', () => {
     const dir = tmp();
     const first = await FileLedger.open(dir, { maxSegmentBytes: 1500, logger: quiet });
     await first.append(credit('a', 10_000));
-    for (let i = 0; i < 40; i++) await first.append(charge('a', 10, T0 + i));
+    for (let i = 0; i < 40; i++) await first.append(charge('a', 10, T0 + i, { balanceAfterMicro: 10_000 - 10 * (i + 1) }));
     await first.close();
     const files = readdirSync(dir);
     assert.ok(files.filter((f) => f.endsWith('.log')).length > 3, 'several segments');
@@ -194,7 +196,7 @@ describe('file ledger', () => {
     assert.ok(files.some((f) => f.endsWith('.idx')));
 
     const second = await FileLedger.open(dir, { maxSegmentBytes: 1500, logger: quiet });
-    assert.deepEqual(second.totals().get('a'), { balanceMicro: 9600, day: Math.floor(T0 / DAY_MS), spentMicro: 400 });
+    assert.deepEqual(second.totals().get('a'), { balanceMicro: 9600, day: Math.floor(T0 / DAY_MS), spentMicro: 400, credited: true });
     assert.equal((await allPages(second, 'a', 15)).length, 41);
     const d = Math.floor(T0 / DAY_MS);
     assert.equal(second.usage('a', d, d, 'day')[0]!.requests, 40);

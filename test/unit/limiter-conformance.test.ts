@@ -87,7 +87,7 @@ function conformance(name: string, make: () => Promise<Limiter>, teardown: () =>
       assert.equal(reason(await admit(a, noKey, null, 10)), 'insufficient_balance');
       assert.equal(await lim.creditOnce(a.id, 500), 500);
       assert.equal(await lim.creditOnce(a.id, 500), null, 'the initial credit is given once');
-      assert.equal(await lim.credit(a.id, 100), 600);
+      assert.equal(await lim.credit(a.id, 100, 'c1'), 600);
       const t1 = (await admit(a, noKey, 'x', 400)) as Ticket;
       assert.equal(reason(t1), 'ok');
       assert.equal(reason(await admit(a, noKey, 'x', 10)), 'idempotency_conflict', 'idempotency answers before money');
@@ -101,7 +101,7 @@ function conformance(name: string, make: () => Promise<Limiter>, teardown: () =>
       await lim.settle(t2, 600);
       lim.release(t2);
       assert.equal((await lim.snapshot(a)).balanceMicro, -450);
-      await lim.credit(a.id, 10_000);
+      await lim.credit(a.id, 10_000, 'c2');
       const capped = await admit(a, noKey, null, 1);
       assert.equal(reason(capped), 'daily_cap_exceeded');
       assert.equal((capped as unknown as { resetsAtMs: number }).resetsAtMs % 86_400_000, 0);

@@ -22,31 +22,64 @@ function rejected(d: { ok: boolean }, reason: string): void {
 }
 
 describe('SlidingWindow', () => {
-  test('admits up to capacity, then waits exactly until the oldest admission leaves', () => {
-    const w = new SlidingWindow(3);
+  test('admits up to the limit, then waits exactly until the oldest admission leaves', () => {
+    const w = new SlidingWindow();
     w.record(1000); w.record(2000); w.record(3000);
-    assert.equal(w.waitMs(3000), 1000 + WINDOW_MS - 3000);
-    assert.equal(w.waitMs(1000 + WINDOW_MS - 1), 1);
-    assert.equal(w.waitMs(1000 + WINDOW_MS), 0);
+    assert.equal(w.waitMs(3000, 4), 0);
+    assert.equal(w.waitMs(3000, 3), 1000 + WINDOW_MS - 3000);
+    assert.equal(w.waitMs(1000 + WINDOW_MS - 1, 3), 1);
+    assert.equal(w.waitMs(1000 + WINDOW_MS, 3), 0);
   });
 
-  test('capacity 0 never admits', () => {
-    assert.equal(new SlidingWindow(0).waitMs(0), WINDOW_MS);
+  test('limit 0 never admits', () => {
+    assert.equal(new SlidingWindow().waitMs(0, 0), WINDOW_MS);
   });
 
-  test('resizing keeps the newest admissions', () => {
-    const w = new SlidingWindow(4);
+  test('a lowered limit waits until enough of the oldest admissions have left; a raised one admits the difference', () => {
+    const w = new SlidingWindow();
     for (const t of [1, 2, 3, 4]) w.record(t);
-    const small = w.resized(2);
-    assert.equal(small.waitMs(10), 3 + WINDOW_MS - 10);
-    const big = w.resized(6);
-    assert.equal(big.waitMs(10), 0);
-    big.record(5); big.record(6);
-    assert.equal(big.waitMs(10), 1 + WINDOW_MS - 10);
+    assert.equal(w.waitMs(10, 2), 3 + WINDOW_MS - 10, 'two must leave: the wait ends when the third oldest does');
+    assert.equal(w.waitMs(10, 6), 0);
+    w.record(5); w.record(6);
+    assert.equal(w.waitMs(10, 6), 1 + WINDOW_MS - 10);
+  });
+
+  test('admissions in one millisecond share one pair; the wait counts them all', () => {
+    const w = new SlidingWindow();
+    for (let i = 0; i < 5; i++) w.record(100);
+    w.record(200);
+    assert.equal(w.pairs, 2);
+    assert.equal(w.count(300), 6);
+    assert.equal(w.waitMs(300, 6), 100 + WINDOW_MS - 300);
+    assert.equal(w.waitMs(300, 2), 100 + WINDOW_MS - 300, 'five must leave: all of them leave at 100 + 60 s');
+    assert.equal(w.waitMs(300, 1), 200 + WINDOW_MS - 300, 'all six must leave');
+    assert.equal(w.waitMs(100 + WINDOW_MS, 2), 0);
+  });
+
+  test('memory follows use, not the limit: at most one pair per millisecond, shrinking when the window empties', () => {
+    const w = new SlidingWindow();
+    const empty = w.bytes;
+    for (let i = 0; i < 100_000; i++) w.record(5000); // a billion-rpm plan's burst in one millisecond
+    assert.equal(w.pairs, 1);
+    assert.equal(w.bytes, empty);
+    for (let t = 5001; t < 5000 + WINDOW_MS; t++) w.record(t);
+    assert.equal(w.pairs, WINDOW_MS);
+    assert.ok(w.bytes <= 65_536 * 12, `${w.bytes} bytes`);
+    assert.equal(w.count(5000 + WINDOW_MS), WINDOW_MS - 1);
+    assert.equal(w.count(5000 + 2 * WINDOW_MS), 0);
+    assert.equal(w.bytes, empty, 'the ring shrinks back as it empties');
+  });
+
+  test('a clock that steps back keeps the order (the admission leaves a little later, never sooner)', () => {
+    const w = new SlidingWindow();
+    w.record(10_000);
+    w.record(9_000);
+    assert.equal(w.pairs, 1);
+    assert.equal(w.waitMs(10_000, 2), 10_000 + WINDOW_MS - 10_000);
   });
 
   test('idle once the newest admission has left the window', () => {
-    const w = new SlidingWindow(2);
+    const w = new SlidingWindow();
     assert.equal(w.idle(0), true);
     w.record(100);
     assert.equal(w.idle(100 + WINDOW_MS - 1), false);
@@ -128,7 +161,7 @@ describe('MemoryLimiter', () => {
     const clock = new FakeClock();
     const lim = new MemoryLimiter(clock);
     const a = account({ rpm: 1, concurrency: 1, dailyCapMicro: 100, prepaid: true });
-    lim.credit('acct', 50);
+    lim.credit('acct', 50, 'c1');
     const t = ticket(lim.admit(a, NO_KEY_LIMITS, 'x', 10));
     // Everything is exhausted now except money; the idempotency conflict answers first.
     rejected(lim.admit(a, NO_KEY_LIMITS, 'x', 10), 'idempotency_conflict');
@@ -137,7 +170,7 @@ describe('MemoryLimiter', () => {
     rejected(lim.admit(a, NO_KEY_LIMITS, 'y', 10), 'concurrency_limit_exceeded');
     lim.settle(t, 50); // balance 0, spend 50
     rejected(lim.admit(a, NO_KEY_LIMITS, 'y', 10), 'insufficient_balance');
-    lim.credit('acct', 100);
+    lim.credit('acct', 100, 'c2');
     lim.release(t);
     const t2 = ticket(lim.admit(a, NO_KEY_LIMITS, 'y', 10));
     lim.settle(t2, 50);
@@ -172,7 +205,7 @@ describe('MemoryLimiter', () => {
     const lim = new MemoryLimiter(new FakeClock());
     const a = account({ prepaid: true });
     rejected(lim.admit(a, NO_KEY_LIMITS, null, 1), 'insufficient_balance');
-    assert.equal(lim.credit('acct', 100), 100);
+    assert.equal(lim.credit('acct', 100, 'c1'), 100);
     const t1 = ticket(lim.admit(a, NO_KEY_LIMITS, null, 60));
     const t2 = ticket(lim.admit(a, NO_KEY_LIMITS, null, 60));
     rejected(lim.admit(a, NO_KEY_LIMITS, null, 1), 'insufficient_balance');

@@ -1,0 +1,111 @@
+import type { AccountEntry } from '../directory.js';
+import { GatewayError } from '../errors.js';
+import { newEntryId } from '../ledger/entry-id.js';
+import type { Ledger, LedgerEntry } from '../ledger/types.js';
+import type { Limiter } from '../limiter/types.js';
+import type { Logger } from '../log.js';
+import { addMicro } from '../money.js';
+
+/** What a credit needs of the gateway. */
+export interface CreditContext {
+  readonly ledger: Ledger;
+  readonly limiter: Limiter;
+  readonly logger: Logger;
+  now(): number;
+}
+
+export interface CreditRequest {
+  account: AccountEntry;
+  amountMicro: number;
+  note: string | null;
+  /** The admin request's `Idempotency-Key`, or null. */
+  idempotencyKey: string | null;
+  requestId: string;
+}
+
+/** How often a credit that is durable but not yet live (the limiter store was away) is retried. */
+const LIVE_RETRY_MS = 1000;
+
+/**
+ * Prepaid credits from the admin API. A credit is durable before it is live: its ledger entry
+ * is written (and fsynced) first, then the limiter's balance is raised, so a failed write
+ * credits nothing and a crash in between is made good at the next start (the memory store is
+ * rebuilt from the ledger; a shared store applies each credit once by its entry id, retried in
+ * the background until it answers). With an `Idempotency-Key` a repeat answers the same entry
+ * and credits once, also across restarts (the ledger remembers keys for CREDIT_KEY_DAYS).
+ */
+export class Credits {
+  /** `account \n key` -> the credit being made, so a concurrent repeat waits for it. */
+  private readonly making = new Map<string, Promise<LedgerEntry>>();
+
+  constructor(private readonly ctx: CreditContext) {}
+
+  async credit(request: CreditRequest): Promise<LedgerEntry> {
+    const { account, idempotencyKey } = request;
+    if (idempotencyKey === null) return this.make(request);
+    const slot = `${account.id}\n${idempotencyKey}`;
+    const earlier = this.making.get(slot) ?? this.ctx.ledger.creditByKey(account.id, idempotencyKey);
+    if (earlier !== undefined) {
+      const entry = await earlier;
+      if (entry.amountMicro !== request.amountMicro || entry.note !== request.note) {
+        throw new GatewayError('invalid_request', {
+          message: 'This Idempotency-Key was used for a different credit (amount or note).', fields: { param: 'Idempotency-Key' },
+        });
+      }
+      // A shared store may not have it yet (it was away when the credit was made): apply once.
+      if (!this.ctx.limiter.restoresFromLedger) await this.goLive(entry);
+      return entry;
+    }
+    const making = this.make(request);
+    this.making.set(slot, making);
+    try {
+      return await making;
+    } finally {
+      this.making.delete(slot);
+    }
+  }
+
+  private async make(request: CreditRequest): Promise<LedgerEntry> {
+    const { account, amountMicro } = request;
+    const before = await this.ctx.limiter.snapshot(account);
+    const entry: LedgerEntry = {
+      id: newEntryId(), type: 'credit', accountId: account.id, keyId: null, amountMicro,
+      balanceAfterMicro: addMicro(before.balanceMicro ?? 0, amountMicro), createdAt: this.ctx.now(), requestId: request.requestId,
+      model: null, inputTokens: 0, outputTokens: 0, estimated: false, note: request.note, idempotencyKey: request.idempotencyKey,
+    };
+    try {
+      await this.ctx.ledger.append(entry); // durable first: if this fails, nothing was credited
+    } catch (err) {
+      this.ctx.logger.error('credit not recorded: the ledger refused the write', { account_id: account.id, error: String(err) });
+      throw new GatewayError('ledger_unavailable', { retryAfterS: 5 });
+    }
+    try {
+      await this.goLive(entry);
+    } catch (err) {
+      this.ctx.logger.warn('credit recorded; the limiter store is away, it becomes spendable when it answers', {
+        account_id: account.id, entry_id: entry.id, error: String(err),
+      });
+      this.retryLive(entry);
+    }
+    return entry;
+  }
+
+  /**
+   * Gives a shared store the recent credits again (at start): each is applied once by its
+   * entry id, so this only makes good a credit whose instance died before it went live.
+   */
+  resume(): void {
+    if (this.ctx.limiter.restoresFromLedger) return;
+    for (const entry of this.ctx.ledger.recentCredits()) this.goLive(entry).catch(() => this.retryLive(entry));
+  }
+
+  private async goLive(entry: LedgerEntry): Promise<void> {
+    await this.ctx.limiter.credit(entry.accountId, entry.amountMicro, entry.id);
+  }
+
+  private retryLive(entry: LedgerEntry): void {
+    setTimeout(() => {
+      this.goLive(entry).catch(() => this.retryLive(entry));
+    }, LIVE_RETRY_MS).unref();
+  }
+}
