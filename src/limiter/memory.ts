@@ -37,6 +37,7 @@ class MemoryTicket implements Ticket {
 }
 
 const ADMITTED: InstantDecision = Object.freeze({ ok: true as const });
+const NOTHING_SETTLED: Settlement = Object.freeze({ balanceAfterMicro: null });
 const CONCURRENCY_RETRY_MS = 1000;
 
 /**
@@ -160,7 +161,7 @@ export class MemoryLimiter implements Limiter {
   settle(ticket: Ticket, costMicro: number): Settlement {
     checkCost(costMicro);
     const t = ticket as MemoryTicket;
-    if (t.settled) return { balanceAfterMicro: t.prepaid ? this.moneyOf(t.accountId, this.clock.now()).balanceMicro : null };
+    if (t.settled) return NOTHING_SETTLED;
     t.settled = true;
     if (t.money !== null) t.money.reservedMicro -= t.reservedMicro;
     if (costMicro === 0 && !t.prepaid) return { balanceAfterMicro: null };

@@ -34,6 +34,7 @@ class RedisTicket implements Ticket {
 }
 
 const ADMITTED: InstantDecision = Object.freeze({ ok: true as const });
+const NOTHING_SETTLED: Settlement = Object.freeze({ balanceAfterMicro: null });
 
 interface Script {
   source: string;
@@ -139,7 +140,7 @@ export class RedisLimiter implements Limiter {
       return Promise.reject(err);
     }
     const t = ticket as RedisTicket;
-    if (t.settled || t.released) return Promise.resolve({ balanceAfterMicro: null });
+    if (t.settled || t.released) return Promise.resolve(NOTHING_SETTLED);
     t.settled = true;
     const a = this.tag(t.accountId);
     return this.eval(SCRIPTS.settle, [`${a}:m`, `${a}:r`], [t.id, String(costMicro), t.prepaid ? '1' : '0'])

@@ -87,7 +87,8 @@ export interface Limiter {
   /**
    * Replaces the ticket's reservation with the real charge `costMicro` (today's spend and,
    * if prepaid, the balance). Done before the answer's final bytes, so the next request sees
-   * it. Only the first call per ticket counts. Settling is not releasing: the slot and the
+   * it. Only the first call per ticket counts (a later one, or one after `release`, charges
+   * nothing and answers a null balance). Settling is not releasing: the slot and the
    * idempotency key stay held until `release`.
    */
   settle(ticket: Ticket, costMicro: number): MaybeAsync<Settlement>;

@@ -6,6 +6,7 @@ import { validateConfig } from '../../src/config/validate.js';
 import { Gateway } from '../../src/gateway.js';
 import { MemoryLedger } from '../../src/ledger/memory.js';
 import type { Ledger, LedgerEntry } from '../../src/ledger/types.js';
+import type { Limiter } from '../../src/limiter/types.js';
 import { Logger } from '../../src/log.js';
 import { createGatewayServer, listen } from '../../src/server.js';
 
@@ -54,7 +55,7 @@ export interface Running {
 /** Starts a real gateway on port 0 in this process. */
 export async function startGateway(
   raw: Record<string, unknown> = testConfig(),
-  options: { clock?: Clock; env?: Record<string, string>; ledger?: Ledger; adminKey?: string; adminStore?: AdminStore } = {},
+  options: { clock?: Clock; env?: Record<string, string>; ledger?: Ledger; limiter?: Limiter; adminKey?: string; adminStore?: AdminStore } = {},
 ): Promise<Running> {
   const clock = options.clock;
   const result = validateConfig(raw, { baseDir: process.cwd(), env: options.env ?? {} });
@@ -65,6 +66,7 @@ export async function startGateway(
     logger, ...(clock === undefined ? {} : { clock }), ...(options.ledger === undefined ? {} : { ledger: options.ledger }),
     ...(options.adminKey === undefined ? {} : { adminKey: options.adminKey }),
     ...(options.adminStore === undefined ? {} : { adminStore: options.adminStore }),
+    ...(options.limiter === undefined ? {} : { limiter: options.limiter }),
   });
   const server = createGatewayServer(gateway);
   const url = await listen(server, 0, '127.0.0.1');
@@ -96,4 +98,13 @@ export const chatBody = (model: string, text = 'hello there', extra: Record<stri
 /** Billing entries of an account in a gateway on the memory ledger, oldest first. */
 export function entriesOf(gw: Running, accountId: string): readonly LedgerEntry[] {
   return (gw.gateway.ledger as MemoryLedger).entries(accountId);
+}
+
+/** Polls `check` until it holds (or fails after `ms`): wait for a condition, not for time. */
+export async function until(check: () => boolean | Promise<boolean>, ms = 5000, what = 'condition'): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for: ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
 }

@@ -7,6 +7,15 @@ import { RedisLimiter } from '../../src/limiter/redis.js';
 import type { AccountLimits, Decision, InstantDecision, KeyLimits, Limiter, Ticket } from '../../src/limiter/types.js';
 import { hasRedis, RedisServer } from '../helpers/redis-server.js';
 
+/** Polls a store until `check` holds: a release is one more round trip on a remote store. */
+async function waitFor(check: () => Promise<boolean>): Promise<void> {
+  for (let i = 0; i < 200; i++) {
+    if (await check()) return;
+    await new Promise((r) => setTimeout(r, 5));
+  }
+  throw new Error('timed out');
+}
+
 /**
  * One suite, every store: the same limiter behaviour against the in-memory store and Redis.
  * Time-travel cases (windows expiring, UTC midnight) live in limiter.test.ts on a fake clock.
@@ -106,6 +115,62 @@ function conformance(name: string, make: () => Promise<Limiter>, teardown: () =>
       assert.equal(reason(capped), 'daily_cap_exceeded');
       assert.equal((capped as unknown as { resetsAtMs: number }).resetsAtMs % 86_400_000, 0);
       assert.equal(reason(await admit(a, noKey, null, null)), 'ok', 'free calls are not capped');
+    });
+
+    test('settling is not releasing: the slot and the Idempotency-Key stay held until release', async () => {
+      const a = fresh({ concurrency: 1, dailyCapMicro: 1000 });
+      const k: KeyLimits = { id: 'k-settle', rpm: null, concurrency: 1 };
+      const t = (await admit(a, k, 'idem-s', 100)) as Ticket;
+      assert.equal(reason(t), 'ok');
+      await lim.settle(t, 60);
+      // The answer's final bytes are still on their way: a retry of the same call must wait.
+      assert.equal(reason(await admit(a, k, 'idem-s', 1)), 'idempotency_conflict');
+      assert.equal(reason(await admit(a, k, null, 1)), 'concurrency_limit_exceeded');
+      const snap = await lim.snapshot(a);
+      assert.deepEqual([snap.inFlight, snap.spentTodayMicro, snap.reservedMicro], [1, 60, 0]);
+      lim.release(t);
+      lim.release(t);
+      await waitFor(async () => (await lim.snapshot(a)).inFlight === 0);
+      const again = (await admit(a, k, 'idem-s', 1)) as Ticket;
+      assert.equal(reason(again), 'ok');
+      await lim.settle(again, 0);
+      lim.release(again);
+      assert.equal((await lim.settle(t, 999)).balanceAfterMicro, null, 'a second settle charges nothing');
+      await waitFor(async () => (await lim.snapshot(a)).inFlight === 0);
+      assert.equal((await lim.snapshot(a)).spentTodayMicro, 60);
+    });
+
+    test('releasing without settling: the reservation returns and nothing is charged', async () => {
+      const a = fresh({ concurrency: 1, dailyCapMicro: 1000, prepaid: true });
+      await lim.creditOnce(a.id, 500);
+      const t = (await admit(a, noKey, 'idem-r', 400)) as Ticket;
+      assert.equal(reason(t), 'ok');
+      assert.equal((await lim.snapshot(a)).reservedMicro, 400);
+      lim.release(t);
+      await waitFor(async () => (await lim.snapshot(a)).inFlight === 0);
+      const snap = await lim.snapshot(a);
+      assert.deepEqual([snap.reservedMicro, snap.spentTodayMicro, snap.balanceMicro], [0, 0, 500]);
+      assert.equal((await lim.settle(t, 300)).balanceAfterMicro, null, 'settling a released ticket charges nothing');
+      assert.equal((await lim.snapshot(a)).balanceMicro, 500);
+    });
+
+    test('hostile amounts are faults at the door, and take nothing', async () => {
+      const a = fresh({ concurrency: 1, rpm: 1 });
+      for (const bad of [-1, 1.5, 2 ** 53, 1e308, Infinity, NaN, '5' as unknown as number]) {
+        await assert.rejects(async () => lim.admit(a, noKey, 'idem-h', bad), RangeError, `estimate ${String(bad)}`);
+        await assert.rejects(async () => lim.credit(a.id, bad, 'c'), RangeError, `credit ${String(bad)}`);
+      }
+      await assert.rejects(async () => lim.credit(a.id, 0, 'c'), RangeError, 'a credit of 0');
+      for (const bad of [{ rpm: 1.5 }, { concurrency: -1 }, { dailyCapMicro: 1e308 }, { rpm: NaN }]) {
+        await assert.rejects(async () => lim.admit({ ...a, ...bad }, noKey, null, null), RangeError, JSON.stringify(bad));
+      }
+      const t = (await admit(a, noKey, 'idem-h', 5)) as Ticket;
+      assert.equal(reason(t), 'ok', 'the RPM count, the slot and the key were all still free');
+      for (const bad of [-1, 0.5, 2 ** 53, NaN]) await assert.rejects(async () => lim.settle(t, bad), RangeError, `cost ${bad}`);
+      await lim.settle(t, 5);
+      lim.release(t);
+      await waitFor(async () => (await lim.snapshot(a)).inFlight === 0);
+      assert.equal((await lim.snapshot(a)).spentTodayMicro, 5);
     });
 
     test('per-key RPM counts in addition to the account, the longest wait wins', async () => {
