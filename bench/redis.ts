@@ -134,7 +134,7 @@ async function memoryPerAccount(redis: Redis, rpm: number, accounts: number): Pr
     const account = (i: number) => ({ id: `acct_${String(i).padStart(6, '0')}`, rpm, concurrency: 100, dailyCapMicro: null, prepaid: false });
     // Load the script and open the connection before the "before" reading, then drop that key.
     await limiter.admitInstant({ ...account(0), id: 'warmup' }, key, null);
-    redis.cli('del', 'mg:{warmup}:w');
+    redis.cli('del', 'mg:{warmup}:wt', 'mg:{warmup}:wn');
     await sleep(200);
     const usedBefore = usedMemory(redis);
 
@@ -165,12 +165,14 @@ async function memoryPerAccount(redis: Redis, rpm: number, accounts: number): Pr
     await sleep(200);
     const usedAfter = usedMemory(redis);
     const keys = Number(redis.cli('dbsize'));
-    const sample = `mg:{${account(accounts - 1).id}}:w`;
+    // The window is a sorted set of milliseconds (wt) and a small hash of counts (wn).
+    const sample = `mg:{${account(accounts - 1).id}}:wt`;
     return {
       rpm, accounts, admissions: total, rejected, elapsedS, admissionsPerS: total / elapsedS, keys, usedBefore, usedAfter,
       bytesPerAccount: (usedAfter - usedBefore) / accounts,
       encoding: redis.cli('object', 'encoding', sample),
-      memoryUsageOfOneWindow: Number(redis.cli('memory', 'usage', sample, 'samples', '0')),
+      memoryUsageOfOneWindow: Number(redis.cli('memory', 'usage', sample, 'samples', '0')) +
+        Number(redis.cli('memory', 'usage', sample.replace(/:wt$/, ':wn'), 'samples', '0')),
     };
   } finally {
     await limiter.close();

@@ -2,6 +2,7 @@
  * The benchmark runner: `GET /v1/models` on the gateway against a bare node:http baseline.
  *
  *   npm run bench -- [--rounds 5] [--duration 5] [--connections 32] [--warmup 3] [--rpm 2000000] [--nolog]
+ *     [--before DIST_DIR]
  *   (or, after `npm run build`: node --import tsx bench/run.ts [flags])
  *
  * Starts three servers, each in its own child process, on 127.0.0.1:
@@ -9,6 +10,8 @@
  *   gateway            dist/main.js, the plan with a finite RPM (a real sliding window, never hit)
  *   gateway-unlimited  dist/main.js, the plan without an RPM limit
  *   gateway-nolog      only with --nolog: the gateway with its access log off (bench/gateway-nolog.ts)
+ *   gateway-before     only with --before: an older build (its dist/, copied aside) on the plan with
+ *                      a finite RPM, to compare a change with what it replaced in the same run
  * and loads them one at a time from this process (bench/load.ts): a warmup of each, then
  * `rounds` rounds of every target for `duration` seconds, the order rotating each round so
  * no target always follows the same one. Prints a table per round, the medians, the
@@ -35,11 +38,13 @@ interface Flags {
   rpm: number;
   /** Add the gateway-nolog target (diagnosis: what the access log costs). */
   nolog: boolean;
+  /** Add the gateway-before target: the dist/ of an older build. */
+  before: string | null;
 }
 
 function parseFlags(argv: string[]): Flags {
-  const flags: Flags = { rounds: 5, durationS: 5, connections: 32, warmupS: 3, rpm: 2_000_000, nolog: false };
-  const names: Record<string, Exclude<keyof Flags, 'nolog'>> = {
+  const flags: Flags = { rounds: 5, durationS: 5, connections: 32, warmupS: 3, rpm: 2_000_000, nolog: false, before: null };
+  const names: Record<string, Exclude<keyof Flags, 'nolog' | 'before'>> = {
     '--rounds': 'rounds', '--duration': 'durationS', '--connections': 'connections', '--warmup': 'warmupS', '--rpm': 'rpm',
   };
   for (let i = 0; i < argv.length; i++) {
@@ -47,16 +52,20 @@ function parseFlags(argv: string[]): Flags {
       flags.nolog = true;
       continue;
     }
+    if (argv[i] === '--before' && argv[i + 1] !== undefined) {
+      flags.before = resolve(argv[++i]!);
+      continue;
+    }
     const [name, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
     const field = names[name];
     const value = Number(inline ?? argv[++i]);
     if (field === undefined || !Number.isFinite(value) || value <= 0 || (field !== 'durationS' && field !== 'warmupS' && !Number.isInteger(value))) {
-      process.stderr.write(`usage: run.ts [--rounds N] [--duration S] [--connections N] [--warmup S] [--rpm N] [--nolog]\nbad argument: ${argv[i - 1] ?? name}\n`);
+      process.stderr.write(`usage: run.ts [--rounds N] [--duration S] [--connections N] [--warmup S] [--rpm N] [--nolog] [--before DIST_DIR]\nbad argument: ${argv[i - 1] ?? name}\n`);
       process.exit(2);
     }
     flags[field] = value;
   }
-  if (flags.rpm > 10_000_000) throw new Error('--rpm above 10,000,000: the gateway allocates 8 bytes per unit of RPM');
+  if (flags.rpm > 1_000_000_000) throw new Error('--rpm above 1,000,000,000: the config refuses it');
   return flags;
 }
 
@@ -181,6 +190,7 @@ async function main(): Promise<number> {
     servers.push(await startChild('gateway', process.execPath, ['dist/main.js', '--config', windowed, '--port', '0'], dir, { cwd: ROOT }));
     servers.push(await startChild('gateway-unlimited', process.execPath, ['dist/main.js', '--config', unlimited, '--port', '0'], dir, { cwd: ROOT }));
     if (flags.nolog) servers.push(await startChild('gateway-nolog', process.execPath, ['--import', 'tsx', 'bench/gateway-nolog.ts', '--config', windowed], dir, { cwd: ROOT }));
+    if (flags.before !== null) servers.push(await startChild('gateway-before', process.execPath, [join(flags.before, 'main.js'), '--config', windowed, '--port', '0'], dir, { cwd: ROOT }));
 
     const cpu = cpus();
     const commit = sourceVersion();

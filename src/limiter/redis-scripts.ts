@@ -10,9 +10,11 @@
  * an exponent. Money fields are read with `num`, which treats anything unreadable as 0.
  *
  * Keys of account A under prefix P:
- *   P{A}:wt, P{A}:wn  RPM window: sorted set of admission milliseconds (member = score = ms),
- *                     and a hash ms -> admissions in that ms, plus field `n` = admissions in all
- *                     (memory follows use: at most one pair per millisecond, whatever the limit)
+ *   P{A}:wt, P{A}:wn  RPM window: sorted set of the milliseconds that admitted (member = score
+ *                     = ms), and a hash: `n` = admissions in the window, and ms -> admissions in
+ *                     that ms for the milliseconds that admitted more than one (absent = 1).
+ *                     Memory follows use: at most one member per millisecond, whatever the
+ *                     limit, and at low rates no more than one member per admission
  *   P{A}:s        concurrency leases: sorted set, score = lease expiry, member = ticket id
  *   P{A}:m        money: hash day, spent (today), bal (prepaid balance), resv (sum of reservations), credited
  *   P{A}:r        reservations: hash ticket id -> micro-dollars (returned when a lease expires)
@@ -123,7 +125,7 @@ local function rpmwait(wt, wn, limit)
     for i = 1, #gone, 1000 do
       local last = math.min(i + 999, #gone)
       local counts = redis.call('HMGET', wn, unpack(gone, i, last))
-      for j = 1, #counts do total = total - num(counts[j]) end
+      for j = 1, #counts do total = total - (counts[j] and num(counts[j]) or 1) end
       redis.call('HDEL', wn, unpack(gone, i, last))
     end
     redis.call('ZREMRANGEBYSCORE', wt, '-inf', edge)
@@ -138,7 +140,8 @@ local function rpmwait(wt, wn, limit)
     local page = redis.call('ZRANGE', wt, from, from + 99, 'WITHSCORES')
     if #page == 0 then return 60000 end
     for j = 1, #page, 2 do
-      leaving = leaving - num(redis.call('HGET', wn, page[j]))
+      local c = redis.call('HGET', wn, page[j])
+      leaving = leaving - (c and num(c) or 1)
       if leaving <= 0 then return tonumber(page[j + 1]) + 60000 - now end
     end
     from = from + 100
@@ -146,8 +149,10 @@ local function rpmwait(wt, wn, limit)
 end
 local function rpmrecord(wt, wn)
   local ms = string.format('%.0f', now)
-  redis.call('ZADD', wt, 'NX', now, ms)
-  redis.call('HINCRBY', wn, ms, 1)
+  -- A millisecond's first admission is its member alone; the second gives it a count.
+  if redis.call('ZADD', wt, 'NX', now, ms) == 0 then
+    if redis.call('HSETNX', wn, ms, 2) == 0 then redis.call('HINCRBY', wn, ms, 1) end
+  end
   redis.call('HINCRBY', wn, 'n', 1)
   redis.call('PEXPIRE', wt, 60000)
   redis.call('PEXPIRE', wn, 60000)

@@ -15,7 +15,10 @@ import { MAX_TOKENS } from '../money.js';
 export const IMAGE_TOKENS = 1_600;
 /** A document, file or audio part (one PDF page is 1,500 to 3,000 tokens at Anthropic). */
 export const DOCUMENT_TOKENS = 3_000;
-/** Deeper JSON than this is refused: nothing real nests so deep, and deep enough JSON overflows the stack of whatever recurses over it. */
+/**
+ * Deeper JSON than this is refused: nothing real nests so deep, and deep enough JSON overflows
+ * the stack of whatever recurses over it (JSON.stringify of the upstream body, for one).
+ */
 export const MAX_DEPTH = 128;
 
 const INPUT_FIELDS = new Set(['system', 'messages', 'tools', 'functions', 'tool_choice', 'response_format', 'input', 'instructions', 'text']);
@@ -24,54 +27,53 @@ const DOCUMENT_TYPES = new Set(['document', 'file', 'input_file', 'input_audio',
 
 /** Input tokens a request body is estimated to bill (at most MAX_TOKENS), or null when it nests deeper than MAX_DEPTH. */
 export function estimateInputTokens(body: Record<string, unknown>): number | null {
-  let chars = 0;
-  let media = 0;
-  // An explicit stack, not recursion. Each entry is a value and (depth * 2 + 1 if it counts).
-  const values: unknown[] = [];
-  const marks: number[] = [];
-  for (const key of Object.keys(body)) {
-    values.push(body[key]);
-    marks.push(INPUT_FIELDS.has(key) ? 3 : 2);
-  }
-  while (values.length > 0) {
-    const value = values.pop();
-    const mark = marks.pop()!;
-    let counts = (mark & 1) === 1;
-    const depth = mark >> 1;
-    if (typeof value === 'string') {
-      if (counts) chars += value.length;
-      continue;
-    }
-    if (value === null || typeof value !== 'object') {
-      if (counts && value !== undefined) chars += 4; // a number or a boolean: one token (embeddings take token ids)
-      continue;
-    }
-    if (depth >= MAX_DEPTH) return null;
-    const next = (depth + 1) * 2;
-    if (Array.isArray(value)) {
-      for (let i = 0; i < value.length; i++) {
-        values.push(value[i]);
-        marks.push(next + (counts ? 1 : 0));
-      }
-      continue;
-    }
-    const o = value as Record<string, unknown>;
-    if (counts && typeof o.type === 'string') {
-      if (IMAGE_TYPES.has(o.type)) {
-        media += IMAGE_TOKENS;
-        counts = false; // its bytes are not text; still walked for depth
-      } else if (DOCUMENT_TYPES.has(o.type) && !textSource(o.source)) {
-        media += DOCUMENT_TOKENS;
-        counts = false;
-      }
-    }
-    for (const key of Object.keys(o)) {
-      if (counts) chars += key.length;
-      values.push(o[key]);
-      marks.push(next + (counts ? 1 : 0));
-    }
+  chars = 0;
+  media = 0;
+  for (const key in body) {
+    if (!walk(body[key], 1, INPUT_FIELDS.has(key))) return null;
   }
   return Math.min(MAX_TOKENS, Math.ceil(chars / 4) + media);
+}
+
+// The walk's tallies (it runs synchronously, one body at a time).
+let chars = 0;
+let media = 0;
+
+/**
+ * Adds a value's characters (when `counts`) and checks its depth; false when it nests deeper
+ * than MAX_DEPTH. Recursive, but never deeper than MAX_DEPTH frames: the depth is checked
+ * before descending, so no body can overflow the stack (a parsed body can nest a million deep).
+ * `for...in` over a parsed body sees only its own keys (JSON.parse makes plain objects).
+ */
+function walk(value: unknown, depth: number, counts: boolean): boolean {
+  if (typeof value === 'string') {
+    if (counts) chars += value.length;
+    return true;
+  }
+  if (value === null || typeof value !== 'object') {
+    if (counts && value !== undefined) chars += 4; // a number or a boolean: one token (embeddings take token ids)
+    return true;
+  }
+  if (depth >= MAX_DEPTH) return false;
+  if (Array.isArray(value)) {
+    for (let i = 0; i < value.length; i++) if (!walk(value[i], depth + 1, counts)) return false;
+    return true;
+  }
+  const o = value as Record<string, unknown>;
+  if (counts && typeof o.type === 'string') {
+    if (IMAGE_TYPES.has(o.type)) {
+      media += IMAGE_TOKENS;
+      counts = false; // its bytes are not text; still walked for depth
+    } else if (DOCUMENT_TYPES.has(o.type) && !textSource(o.source)) {
+      media += DOCUMENT_TOKENS;
+      counts = false;
+    }
+  }
+  for (const key in o) {
+    if (counts) chars += key.length;
+    if (!walk(o[key], depth + 1, counts)) return false;
+  }
+  return true;
 }
 
 /** An Anthropic document whose source is plain text (or content blocks): counted as its text. */

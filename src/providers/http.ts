@@ -158,9 +158,16 @@ export class HttpProvider implements Provider {
     const deadlineAt = performance.now() + this.config.timeoutMs;
     let phase: 'headers' | 'body' | 'over' = 'headers';
     let current: ClientRequest | null = null;
+    /** The current attempt's request while it waits for its answer (null between attempts). */
+    let pending: ClientRequest | null = null;
     let waiting: NodeJS.Timeout | null = null;
+    // Whether the provider has the whole request, asked only when the call ends without an
+    // answer: then it may bill the call, so the client is charged (a listener per attempt for
+    // the same fact costs more on every call).
+    const delivered = () => pending !== null && pending.writableFinished;
     const watch = new Watch(() => {
       if (waiting !== null) clearTimeout(waiting);
+      if (phase === 'headers' && !ex.aborted) ex.noteDelivered(delivered());
       current?.destroy(); // a body being read is cut: its reader reports it incomplete
       if (phase !== 'headers' || ex.aborted) return;
       phase = 'over';
@@ -181,6 +188,7 @@ export class HttpProvider implements Provider {
       },
     };
     ex.onAbort(() => {
+      if (phase === 'headers') ex.noteDelivered(delivered());
       call.end();
       current?.destroy();
     });
@@ -189,15 +197,13 @@ export class HttpProvider implements Provider {
       if (phase !== 'headers') return;
       const req = target.send(options);
       current = req;
+      pending = req;
       let done = false;
       const sentAt = performance.now();
-      // From here the provider may bill the call: it has the whole request.
-      req.on('finish', () => {
-        if (!done) ex.noteDelivered(true);
-      });
       const settle = (outcome: Outcome) => {
         if (done || phase !== 'headers') return;
         done = true;
+        pending = null;
         this.onOutcome(ex, outcome, n, deadlineAt, call, (wait) => {
           waiting = setTimeout(() => { waiting = null; attempt(n + 1); }, wait);
         });
@@ -225,7 +231,10 @@ export class HttpProvider implements Provider {
     }
     const res = outcome.res;
     const status = res.statusCode ?? 0;
-    if (status >= 200 && status < 300) return this.relay(ex, res, call);
+    if (status >= 200 && status < 300) {
+      ex.noteDelivered(true); // it answered: whatever becomes of the answer, it bills the call
+      return this.relay(ex, res, call);
+    }
     ex.noteDelivered(false); // an error status: the provider refused the call
     ex.upstreamFailed(status === 429 || status === 503 || status === 529 ? String(status) : status < 500 ? '4xx' : '5xx');
 

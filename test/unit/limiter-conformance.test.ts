@@ -55,6 +55,19 @@ function conformance(name: string, make: () => Promise<Limiter>, teardown: () =>
       assert.equal(reason(await instant(b)), 'rate_limit_exceeded');
     });
 
+    test('RPM: a burst sharing milliseconds is counted exactly; a raised limit admits the difference, a lowered one waits', async () => {
+      const a = fresh({ rpm: 150 });
+      // Sent together: Redis runs them back to back, many in the same millisecond.
+      const burst = await Promise.all(Array.from({ length: 200 }, () => lim.admitInstant(a, noKey, null)));
+      assert.equal(burst.filter((d) => d.ok).length, 150);
+      const more = await Promise.all(Array.from({ length: 50 }, () => lim.admitInstant({ ...a, rpm: 180 }, noKey, null)));
+      assert.equal(more.filter((d) => d.ok).length, 30);
+      const lowered = await instant({ ...a, rpm: 100 });
+      assert.equal(reason(lowered), 'rate_limit_exceeded');
+      const wait = (lowered as unknown as { retryAfterMs: number }).retryAfterMs;
+      assert.ok(wait > 55_000 && wait <= 60_000, `wait ${wait}`);
+    });
+
     test('concurrency: held until settled and released, per account and per key', async () => {
       const a = fresh({ concurrency: 2 });
       const k: KeyLimits = { id: 'k1', rpm: null, concurrency: 1 };
