@@ -73,7 +73,7 @@ export class MemoryLimiter implements Limiter {
   private readonly accounts = new Map<string, RateState>();
   private readonly keys = new Map<string, RateState>();
   private readonly money = new Map<string, MoneyState>();
-  /** Accounts whose initial credit is given (or whose state came from the ledger). */
+  /** Accounts whose initial credit is given (here, or before a restart by the ledger). */
   private readonly credited = new Set<string>();
   readonly restoresFromLedger = true;
   /** `accountId \n Idempotency-Key` of requests still executing. */

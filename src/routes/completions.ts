@@ -11,7 +11,7 @@ import { costMicro, MAX_TOKENS, type Usage } from '../money.js';
 import { estimateInputTokens, MAX_DEPTH } from '../providers/estimate.js';
 import { supports, thinkingLimits } from '../providers/protocols.js';
 import { tokensOf } from '../providers/text.js';
-import { Watch } from '../providers/watchlist.js';
+import { Watch, type Watchlist } from '../providers/watchlist.js';
 import type { Endpoint, Exchange } from '../providers/types.js';
 import type { Router } from '../router.js';
 import { checkCall, checkOutputLimits, type CallRequest } from './validate.js';
@@ -124,8 +124,9 @@ class LiveExchange implements Exchange {
   /** Whether the provider has the whole request (and did not refuse it). */
   private delivered = false;
   private stops: Array<() => void> = [];
-  /** Armed while the client is not reading what it was sent. */
+  /** Armed while the client is not reading what it was sent, on the list it was first armed on. */
   private clientWatch: Watch | null = null;
+  private clientList: Watchlist | null = null;
 
   constructor(
     private readonly gw: Gateway,
@@ -294,15 +295,17 @@ class LiveExchange implements Exchange {
 
   /** The client stopped reading: from now on the call waits for it, at most clientIdleTimeoutMs. */
   private waitForClient(): void {
+    // The list of the config this call started under: a reload may swap the gateway's list.
+    const list = (this.clientList ??= this.gw.clientIdle);
     this.clientWatch ??= new Watch(() => {
       if (this.aborted || this.res.writableFinished) return;
-      this.cut(`the client read nothing for ${this.gw.config.server.clientIdleTimeoutMs} ms`);
+      this.cut(`the client read nothing for ${list.ms} ms`);
     });
-    this.gw.clientIdle.arm(this.clientWatch);
+    list.arm(this.clientWatch);
   }
 
   private clientRead(): void {
-    if (this.clientWatch !== null) this.gw.clientIdle.remove(this.clientWatch);
+    if (this.clientWatch !== null) this.clientList!.remove(this.clientWatch);
   }
 
   /** The response is over: finished, or the client went away first. */
