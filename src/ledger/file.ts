@@ -1,9 +1,10 @@
 import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, statSync, truncateSync, writeSync } from 'node:fs';
-import { open, rename, writeFile, type FileHandle } from 'node:fs/promises';
+import { open, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { LedgerBook } from './book.js';
+import { nodeJournalFs, type JournalFs, type JournalHandle } from './journal-fs.js';
 import { decodeRecord, encodeRecord } from './record.js';
 import type { AccountTotals, GroupBy, HistoryPage, Ledger, LedgerEntry, UsageRow } from './types.js';
 
@@ -11,6 +12,10 @@ export interface FileLedgerOptions {
   /** A segment is sealed (indexed, snapshotted) once it reaches this size. */
   maxSegmentBytes?: number;
   logger?: Logger;
+  /** The file operations of the writer (tests inject faults: a full disk, short writes). */
+  fs?: JournalFs;
+  /** How often a failed ledger checks whether the disk takes writes again. */
+  retryMs?: number;
 }
 
 /** Raised when the journal is damaged anywhere but its last record: never a silent loss. */
@@ -35,6 +40,7 @@ interface Pending {
   reject: (err: Error) => void;
 }
 
+/** The same as JournalFs.writeAtomic, for recovery at start (which runs before anything else). */
 function atomicWriteSync(path: string, text: string): void {
   const tmp = `${path}.tmp`;
   const fd = openSync(tmp, 'w');
@@ -45,6 +51,12 @@ function atomicWriteSync(path: string, text: string): void {
     closeSync(fd);
   }
   renameSync(tmp, path);
+  const dir = openSync(join(path, '..'), 'r');
+  try {
+    fsyncSync(dir);
+  } finally {
+    closeSync(dir);
+  }
 }
 
 /**
@@ -59,7 +71,10 @@ export class FileLedger implements Ledger {
   private readonly logger: Logger | undefined;
   private book = new LedgerBook();
   private seq = 0;
-  private handle: FileHandle | null = null;
+  private handle: JournalHandle | null = null;
+  private readonly fs: JournalFs;
+  private readonly retryMs: number;
+  private retryTimer: NodeJS.Timeout | null = null;
   private size = 0;
   private activeIndex: SegmentIndex = new Map();
   private readonly sealedIndexes = new Map<number, SegmentIndex>();
@@ -73,6 +88,8 @@ export class FileLedger implements Ledger {
   private constructor(readonly dir: string, options: FileLedgerOptions) {
     this.maxSegmentBytes = options.maxSegmentBytes ?? 16 * 1024 * 1024;
     this.logger = options.logger;
+    this.fs = options.fs ?? nodeJournalFs;
+    this.retryMs = options.retryMs ?? 1000;
   }
 
   /** Opens (creating) the journal in `dir` and recovers its state. Throws LedgerCorruptError on damage. */
@@ -146,16 +163,26 @@ export class FileLedger implements Ledger {
   close(): Promise<void> {
     if (this.closing === null) {
       this.closing = (async () => {
+        if (this.retryTimer !== null) clearTimeout(this.retryTimer);
         while (this.writing || this.pending.length > 0) await new Promise((r) => setTimeout(r, 1));
-        await this.handle?.close();
+        await this.handle?.close().catch(() => {});
         this.handle = null;
       })();
     }
     return this.closing;
   }
 
+  /** Why the ledger refuses writes now, or null (for /readyz, logs and tests). */
+  get failed(): Error | null {
+    return this.failure;
+  }
+
   // --- writing -------------------------------------------------------------------------------
 
+  /**
+   * Writes what was appended, a batch (group commit) at a time, until nothing is pending or a
+   * write fails. Never throws: it runs detached, and a failure is a state (`failed`), not a crash.
+   */
   private async flush(): Promise<void> {
     while (this.pending.length > 0 && this.failure === null) {
       const batch = this.pending;
@@ -163,16 +190,10 @@ export class FileLedger implements Ledger {
       let text = '';
       for (const p of batch) text += p.line;
       try {
-        await this.handle!.write(text);
+        await this.writeAll(Buffer.from(text));
         await this.handle!.datasync();
       } catch (err) {
-        // The disk refused: nothing more is acknowledged (the gateway turns not ready), and
-        // the partial write, if any, is cut off as a torn record on the next start.
-        this.failure = new Error(`ledger write failed: ${(err as Error).message}`);
-        this.logger?.error('ledger write failed; refusing further charges', { error: (err as Error).message });
-        for (const p of batch) p.reject(this.failure);
-        for (const p of this.pending) p.reject(this.failure);
-        this.pending = [];
+        await this.fail(err as Error, batch);
         break;
       }
       let offset = this.size;
@@ -186,23 +207,89 @@ export class FileLedger implements Ledger {
       this.stats.commits++;
       this.stats.records += batch.length;
       for (const p of batch) p.resolve();
-      if (this.size >= this.maxSegmentBytes) await this.seal();
+      if (this.size >= this.maxSegmentBytes) {
+        try {
+          await this.seal();
+        } catch (err) {
+          // The batch is durable (it was acknowledged); only the next one waits for the seal.
+          await this.fail(err as Error, []);
+        }
+      }
     }
     this.writing = false;
   }
 
-  /** Seals the open segment: its index, then a snapshot of the aggregates, then a new segment. */
+  /** Writes all of `bytes` at the end of the segment: a short write is continued, not taken as done. */
+  private async writeAll(bytes: Buffer): Promise<void> {
+    let done = 0;
+    while (done < bytes.length) {
+      const n = await this.handle!.write(bytes, done, bytes.length - done);
+      if (!(n > 0)) throw new Error(`no progress writing the journal (${done} of ${bytes.length} bytes written)`);
+      done += n;
+    }
+  }
+
+  /**
+   * The disk refused: nothing more is acknowledged (the gateway turns not ready and refuses
+   * model calls), the bytes of the failed batch are cut off the segment (so the journal ends
+   * with the last acknowledged record, whatever is written next), and every `retryMs` the
+   * ledger checks whether the disk takes writes again, and then resumes by itself.
+   */
+  private async fail(err: Error, batch: Pending[]): Promise<void> {
+    this.failure = new Error(`ledger write failed: ${err.message}`);
+    this.logger?.error('ledger write failed; refusing charges until the disk takes writes again', { error: err.message });
+    for (const p of batch) p.reject(this.failure);
+    for (const p of this.pending) p.reject(this.failure);
+    this.pending = [];
+    await this.handle?.truncate(this.size).catch(() => { /* tried again before resuming */ });
+    this.scheduleRetry();
+  }
+
+  private scheduleRetry(): void {
+    if (this.closing !== null || this.retryTimer !== null) return;
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = null;
+      void this.retry();
+    }, this.retryMs);
+    this.retryTimer.unref();
+  }
+
+  /** Resumes once the segment is back to its last acknowledged byte and the disk takes a probe write. */
+  private async retry(): Promise<void> {
+    if (this.closing !== null || this.failure === null || this.writing) return;
+    this.writing = true; // no flush while the writer is being checked
+    try {
+      await this.handle!.truncate(this.size);
+      await this.handle!.datasync();
+      await this.fs.probe(this.dir);
+      if (this.size >= this.maxSegmentBytes) await this.seal();
+      this.failure = null;
+      this.logger?.warn('ledger writes work again; charges are accepted');
+    } catch {
+      this.scheduleRetry();
+    } finally {
+      this.writing = false;
+    }
+  }
+
+  /**
+   * Seals the open segment: its index, then a snapshot of the aggregates, then a new segment;
+   * the old segment's handle is closed only once the new one is open, so a seal that fails
+   * half-way leaves the writer where it was (and is simply done again).
+   */
   private async seal(): Promise<void> {
     const sealed = this.seq;
-    await writeAtomic(join(this.dir, indexName(sealed)), JSON.stringify([...this.activeIndex]));
+    await this.fs.writeAtomic(join(this.dir, indexName(sealed)), JSON.stringify([...this.activeIndex]));
+    await this.fs.writeAtomic(join(this.dir, 'snapshot.json'), JSON.stringify({ version: 1, sealed, book: this.book.save() }));
+    const next = await this.fs.openAppend(join(this.dir, segmentName(sealed + 1)));
+    const old = this.handle!;
     this.sealedIndexes.set(sealed, this.activeIndex);
-    await writeAtomic(join(this.dir, 'snapshot.json'), JSON.stringify({ version: 1, sealed, book: this.book.save() }));
-    await this.handle!.close();
+    this.handle = next;
     this.seq = sealed + 1;
-    this.handle = await open(join(this.dir, segmentName(this.seq)), 'a');
     this.size = 0;
     this.activeIndex = new Map();
     this.trimIndexCache();
+    await old.close().catch(() => { /* the segment is durable; its descriptor is what is lost */ });
   }
 
   // --- reading -------------------------------------------------------------------------------
@@ -274,14 +361,21 @@ export class FileLedger implements Ledger {
         this.size = size;
         this.activeIndex = index;
       } else {
-        // A segment left unsealed by a crash during sealing: seal it now.
-        atomicWriteSync(join(this.dir, indexName(seq)), JSON.stringify([...index]));
+        // A segment left unsealed by a crash during sealing: seal it now. If the disk refuses
+        // (full), start anyway: the segment is replayed again at the next start.
         this.sealedIndexes.set(seq, index);
-        atomicWriteSync(snapshotPath, JSON.stringify({ version: 1, sealed: seq, book: this.book.save() }));
+        try {
+          atomicWriteSync(join(this.dir, indexName(seq)), JSON.stringify([...index]));
+          atomicWriteSync(snapshotPath, JSON.stringify({ version: 1, sealed: seq, book: this.book.save() }));
+        } catch (err) {
+          this.logger?.warn('ledger: could not seal a segment at start; it is replayed again next time', {
+            file: segmentName(seq), error: (err as Error).message,
+          });
+        }
       }
     }
     if (this.seq === 0) this.seq = Math.max(sealed, seqs.at(-1) ?? 0) + 1;
-    this.handle = await open(join(this.dir, segmentName(this.seq)), 'a');
+    this.handle = await this.fs.openAppend(join(this.dir, segmentName(this.seq)));
     if (this.seq !== open_.at(-1)) this.size = statSync(join(this.dir, segmentName(this.seq))).size;
     this.trimIndexCache();
   }
@@ -318,16 +412,4 @@ function scanSegment(path: string, apply: ((e: LedgerEntry) => void) | null): { 
     offset = nl + 1;
   }
   return { index, size: offset, torn: null };
-}
-
-async function writeAtomic(path: string, text: string): Promise<void> {
-  const tmp = `${path}.tmp`;
-  await writeFile(tmp, text);
-  const handle = await open(tmp, 'r+');
-  try {
-    await handle.sync();
-  } finally {
-    await handle.close();
-  }
-  await rename(tmp, path);
 }

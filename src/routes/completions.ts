@@ -80,6 +80,8 @@ function afterBody(
       message: `The request body nests deeper than ${MAX_DEPTH} levels.`, fields: { param: null },
     });
   }
+  // A call whose charge could not be recorded must not reach the provider (which would bill it).
+  if (!gw.ledger.ready()) return sendError(ctx, res, 'ledger_unavailable', gw.done, { retryAfterS: 1 });
   let maxOutput = call.maxTokens ?? model.maxOutputTokens;
   // Reserve for what the provider may really produce: thinking can raise max_tokens.
   if (model.thinking && model.provider.protocol === 'anthropic') maxOutput = thinkingLimits(maxOutput).maxTokens;
@@ -105,6 +107,7 @@ const ENDPOINT_PATHS: Record<Endpoint, string> = {
 const PROTOCOL_ENDPOINT: Record<string, string> = { openai: '/v1/chat/completions', anthropic: '/v1/messages' };
 
 const NO_USAGE: Usage = { inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
+const ignore = (): void => {};
 
 /**
  * One admitted call in progress. Owns the ticket: the charge is settled once (the provider's
@@ -230,12 +233,12 @@ class LiveExchange implements Exchange {
     if (this.res.headersSent) return this.cut(details.message ?? code);
     // The provider had the request and did not refuse it (it timed out, or its answer could
     // not be relayed): it bills the call, so the client is charged too. A refusal is free.
-    if (!this.settled) this.charge(this.delivered ? this.abnormalUsage() : NO_USAGE, this.delivered);
+    if (!this.settled) this.chargeAside(this.delivered ? this.abnormalUsage() : NO_USAGE, this.delivered);
     sendErrorSpec(this.ctx, this.res, code, spec, this.gw.done, details);
   }
 
   cut(why: string, finalUsage: Usage | null = null): void {
-    if (!this.settled) this.charge(finalUsage ?? this.abnormalUsage(), finalUsage === null);
+    if (!this.settled) this.chargeAside(finalUsage ?? this.abnormalUsage(), finalUsage === null);
     this.gw.logger.warn('stream cut', { request_id: this.ctx.id, reason: why });
     this.res.destroy();
   }
@@ -244,7 +247,7 @@ class LiveExchange implements Exchange {
   crash(err: unknown): void {
     if (!this.settled) {
       const billed = this.res.headersSent || this.delivered;
-      this.charge(billed ? this.abnormalUsage() : NO_USAGE, billed);
+      this.chargeAside(billed ? this.abnormalUsage() : NO_USAGE, billed);
     }
     this.gw.fault(this.ctx, this.res, err);
   }
@@ -265,6 +268,15 @@ class LiveExchange implements Exchange {
     const input = costMicro(price, reportedInput) >= costMicro(price, estimatedInput) ? reportedInput : estimatedInput;
     input.outputTokens = Math.max(reported.outputTokens, relayed);
     return input;
+  }
+
+  /**
+   * The same when no answer waits for the record (the call failed, was cut, or its client left):
+   * a record that fails is logged by the ledger, and its promise is handled here.
+   */
+  private chargeAside(usage: Usage, estimated: boolean): void {
+    const durable = this.charge(usage, estimated);
+    if (durable instanceof Promise) durable.catch(ignore);
   }
 
   /** Settles the ticket and records the call; a promise resolves when the record is durable. */
@@ -317,7 +329,7 @@ class LiveExchange implements Exchange {
       if (!this.res.headersSent) this.ctx.status = 499;
     }
     // A client gone before the provider had the request costs nothing; after, it is charged.
-    if (!this.settled) this.charge(this.delivered ? this.abnormalUsage() : NO_USAGE, this.delivered);
+    if (!this.settled) this.chargeAside(this.delivered ? this.abnormalUsage() : NO_USAGE, this.delivered);
     this.gw.limiter.release(this.ticket);
     this.gw.inFlight--;
     this.gw.done(this.ctx);
