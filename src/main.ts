@@ -8,6 +8,7 @@ import type { GatewayConfig } from './config/types.js';
 import { validateConfig, type ValidateResult } from './config/validate.js';
 import { startGateway, type EmbeddedGateway } from './create.js';
 import { LedgerCorruptError } from './ledger/file.js';
+import { LedgerLockedError } from './ledger/lock.js';
 import { Logger } from './log.js';
 
 const USAGE = `Usage:
@@ -94,7 +95,7 @@ async function start(options: StartOptions): Promise<void> {
       embedded = await startGateway(config, { logger, ...(adminKey ? { adminKey } : {}) });
     } catch (err) {
       logger.flush();
-      fail(err instanceof LedgerCorruptError ? `ledger.dir: ${err.message}` : (err as Error).message);
+      fail(err instanceof LedgerCorruptError || err instanceof LedgerLockedError ? `ledger.dir: ${err.message}` : (err as Error).message);
     }
   } finally {
     youngGenerationMayGrow(true);
@@ -103,16 +104,7 @@ async function start(options: StartOptions): Promise<void> {
   const port = options.port ?? portFromEnv ?? config.server.port;
   const gateway = embedded.gateway;
   if (adminKey) logger.info('admin API enabled', { path: '/admin/v1/', durable: gateway.admin.path !== null });
-  let url: string;
-  try {
-    url = await embedded.listen(port, host);
-  } catch (err) {
-    fail(`cannot listen on ${host}:${port}: ${(err as Error).message}`);
-  }
-  logger.info('listening', { url, config: demo ? 'demo' : resolve(file) });
-  logger.flush();
-  if (demo) printDemoBanner(url);
-
+  // Signals are handled before the "listening" line: a supervisor may signal the moment it reads it.
   process.on('SIGHUP', () => {
     if (demo) return logger.warn('SIGHUP ignored: the demo configuration has no file to reload');
     youngGenerationMayGrow(false);
@@ -153,6 +145,15 @@ async function start(options: StartOptions): Promise<void> {
   };
   process.on('SIGTERM', () => drain('SIGTERM'));
   process.on('SIGINT', () => drain('SIGINT'));
+  let url: string;
+  try {
+    url = await embedded.listen(port, host);
+  } catch (err) {
+    fail(`cannot listen on ${host}:${port}: ${(err as Error).message}`);
+  }
+  logger.info('listening', { url, config: demo ? 'demo' : resolve(file) });
+  logger.flush();
+  if (demo) printDemoBanner(url);
 }
 
 function printDemoBanner(url: string): void {

@@ -1,6 +1,8 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { writeFile, rename, open } from 'node:fs/promises';
+import { dirname } from 'node:path';
 import type { AccountConfig, GatewayConfig, KeyConfig, Limit, PlanConfig } from '../config/types.js';
+import { syncFile } from '../ledger/journal-fs.js';
 
 /** A key created through the admin API (only its hash is kept). */
 export interface AdminKey extends KeyConfig {
@@ -81,5 +83,6 @@ export class AdminStore {
       await handle.close();
     }
     await rename(tmp, this.path);
+    await syncFile(dirname(this.path)); // the rename is durable only once the folder is
   }
 }

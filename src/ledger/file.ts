@@ -5,6 +5,7 @@ import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { LedgerBook } from './book.js';
 import { nodeJournalFs, type JournalFs, type JournalHandle } from './journal-fs.js';
+import { DirLock } from './lock.js';
 import { decodeRecord, encodeRecord } from './record.js';
 import type { AccountTotals, GroupBy, HistoryPage, Ledger, LedgerEntry, UsageRow } from './types.js';
 
@@ -85,7 +86,7 @@ export class FileLedger implements Ledger {
   /** Group commits done and records they carried (for tests and the bench). */
   readonly stats = { commits: 0, records: 0 };
 
-  private constructor(readonly dir: string, options: FileLedgerOptions) {
+  private constructor(readonly dir: string, options: FileLedgerOptions, private readonly lock: DirLock) {
     this.maxSegmentBytes = options.maxSegmentBytes ?? 16 * 1024 * 1024;
     this.logger = options.logger;
     this.fs = options.fs ?? nodeJournalFs;
@@ -93,9 +94,19 @@ export class FileLedger implements Ledger {
   }
 
   /** Opens (creating) the journal in `dir` and recovers its state. Throws LedgerCorruptError on damage. */
+  /**
+   * Opens (creating) the journal in `dir`, locked to this instance (LedgerLockedError when
+   * another holds it), and recovers its state. Throws LedgerCorruptError on damage.
+   */
   static async open(dir: string, options: FileLedgerOptions = {}): Promise<FileLedger> {
-    const ledger = new FileLedger(dir, options);
-    await ledger.recover();
+    const lock = DirLock.acquire(dir);
+    const ledger = new FileLedger(dir, options, lock);
+    try {
+      await ledger.recover();
+    } catch (err) {
+      lock.release();
+      throw err;
+    }
     return ledger;
   }
 
@@ -167,6 +178,7 @@ export class FileLedger implements Ledger {
         while (this.writing || this.pending.length > 0) await new Promise((r) => setTimeout(r, 1));
         await this.handle?.close().catch(() => {});
         this.handle = null;
+        this.lock.release();
       })();
     }
     return this.closing;

@@ -200,11 +200,11 @@ describe('file ledger', () => {
     assert.equal((await allPages(second, 'a', 15)).length, 41);
     const d = Math.floor(T0 / DAY_MS);
     assert.equal(second.usage('a', d, d, 'day')[0]!.requests, 40);
+    await second.close();
     // Sealed indexes are read back from disk, or rebuilt if one is missing.
     for (const f of readdirSync(dir).filter((x) => x.endsWith('.idx')).slice(0, 1)) rmSync(join(dir, f));
     const third = await FileLedger.open(dir, { maxSegmentBytes: 1500, logger: quiet });
     assert.equal((await allPages(third, 'a', 100)).length, 41);
-    await second.close();
     await third.close();
   });
 

@@ -1,0 +1,122 @@
+import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, statSync, unlinkSync, utimesSync, writeSync } from 'node:fs';
+import { hostname } from 'node:os';
+import { join } from 'node:path';
+
+/** The lock of a ledger directory is held by another instance. */
+export class LedgerLockedError extends Error {
+  constructor(readonly dir: string, holder: string) {
+    super(`${dir} is in use by another gateway (${holder}); each instance needs its own ledger.dir (the lock is ${join(dir, LOCK_FILE)})`);
+    this.name = 'LedgerLockedError';
+  }
+}
+
+const LOCK_FILE = '.lock';
+
+interface Holder {
+  pid: number;
+  host: string;
+  token: string;
+}
+
+/** Directories this process holds (a second FileLedger on one of them in the same process is refused too). */
+const heldHere = new Set<string>();
+
+/**
+ * An exclusive lock on a ledger directory, so two instances never write one journal (a rolling
+ * deploy that starts the new instance on the old one's volume): a `.lock` file created with
+ * O_EXCL, naming the holder, its mtime refreshed every `heartbeatMs`. A lock is stale, and
+ * taken over, when its holder is gone: on this host, no process has its pid; elsewhere (a
+ * shared volume), or when the holder had this process's own pid (containers), its heartbeat
+ * is older than `staleMs`.
+ */
+export class DirLock {
+  private readonly path: string;
+  private readonly timer: NodeJS.Timeout;
+  private released = false;
+
+  private constructor(readonly dir: string, private readonly token: string, heartbeatMs: number) {
+    this.path = join(dir, LOCK_FILE);
+    this.timer = setInterval(() => {
+      const now = new Date();
+      try {
+        utimesSync(this.path, now, now);
+      } catch { /* gone: nothing to refresh; release() ignores it too */ }
+    }, heartbeatMs);
+    this.timer.unref();
+  }
+
+  /** Takes the lock of `dir` (creating the directory), or throws LedgerLockedError. */
+  static acquire(dir: string, options: { heartbeatMs?: number; staleMs?: number } = {}): DirLock {
+    const heartbeatMs = options.heartbeatMs ?? 5000;
+    const staleMs = options.staleMs ?? 3 * heartbeatMs;
+    mkdirSync(dir, { recursive: true });
+    if (heldHere.has(dir)) throw new LedgerLockedError(dir, `this process, pid ${process.pid}`);
+    const path = join(dir, LOCK_FILE);
+    const token = `${process.pid}-${Date.now()}-${Math.random().toString(36).slice(2)}`;
+    for (let attempt = 0; attempt < 2; attempt++) {
+      try {
+        const fd = openSync(path, 'wx');
+        try {
+          writeSync(fd, JSON.stringify({ pid: process.pid, host: hostname(), token, started: new Date().toISOString() }));
+          fsyncSync(fd);
+        } finally {
+          closeSync(fd);
+        }
+        heldHere.add(dir);
+        return new DirLock(dir, token, heartbeatMs);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+      }
+      const holder = readHolder(path);
+      if (!stale(path, holder, staleMs)) {
+        throw new LedgerLockedError(dir, holder === null ? 'unknown holder' : `pid ${holder.pid} on ${holder.host}`);
+      }
+      // The holder is gone: take its lock over. Two takers race on the O_EXCL create above.
+      try {
+        unlinkSync(path);
+      } catch { /* another taker removed it first */ }
+    }
+    throw new LedgerLockedError(dir, 'another instance took it over first');
+  }
+
+  /** Gives the lock back (only if it is still ours). */
+  release(): void {
+    if (this.released) return;
+    this.released = true;
+    clearInterval(this.timer);
+    heldHere.delete(this.dir);
+    if (readHolder(this.path)?.token === this.token) {
+      try {
+        unlinkSync(this.path);
+      } catch { /* already gone */ }
+    }
+  }
+}
+
+function readHolder(path: string): Holder | null {
+  try {
+    const holder = JSON.parse(readFileSync(path, 'utf8')) as Holder;
+    return typeof holder.pid === 'number' && typeof holder.host === 'string' ? holder : null;
+  } catch {
+    return null; // unreadable, or half-written by a holder that died while creating it
+  }
+}
+
+function stale(path: string, holder: Holder | null, staleMs: number): boolean {
+  let age: number;
+  try {
+    age = Date.now() - statSync(path).mtimeMs;
+  } catch {
+    return true; // gone already
+  }
+  if (holder !== null && holder.host === hostname() && holder.pid !== process.pid) {
+    try {
+      process.kill(holder.pid, 0);
+      return false; // alive on this host
+    } catch (err) {
+      return (err as NodeJS.ErrnoException).code !== 'EPERM'; // EPERM: alive, another user's
+    }
+  }
+  // Another host's, or a holder with this very pid (two containers are both pid 1): its heartbeat says.
+  return age > staleMs;
+}

@@ -1,0 +1,59 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, utimesSync, writeFileSync } from 'node:fs';
+import { hostname, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, test } from 'node:test';
+import { DirLock, LedgerLockedError } from '../../src/ledger/lock.js';
+
+const tmp = () => mkdtempSync(join(tmpdir(), 'mg-lock-'));
+/** The pid of a process that has exited. */
+const deadPid = () => spawnSync(process.execPath, ['-e', '0']).pid!;
+
+describe('the ledger directory lock', () => {
+  test('one holder at a time; released, it can be taken again', () => {
+    const dir = tmp();
+    const lock = DirLock.acquire(dir);
+    assert.throws(() => DirLock.acquire(dir), (err: unknown) => err instanceof LedgerLockedError && err.message.includes(dir));
+    lock.release();
+    lock.release();
+    DirLock.acquire(dir).release();
+  });
+
+  test('a lock whose process is gone (this host) is taken over; a live one is not', () => {
+    const dir = tmp();
+    writeFileSync(join(dir, '.lock'), JSON.stringify({ pid: deadPid(), host: hostname(), token: 'old' }));
+    const lock = DirLock.acquire(dir);
+    assert.notEqual(JSON.parse(readFileSync(join(dir, '.lock'), 'utf8')).token, 'old');
+    lock.release();
+    writeFileSync(join(dir, '.lock'), JSON.stringify({ pid: process.ppid, host: hostname(), token: 'live' }));
+    assert.throws(() => DirLock.acquire(dir), LedgerLockedError);
+  });
+
+  test('another host\'s lock (a shared volume) is stale once its heartbeat stops, not before', () => {
+    const dir = tmp();
+    const path = join(dir, '.lock');
+    writeFileSync(path, JSON.stringify({ pid: 1, host: 'elsewhere', token: 'far' }));
+    assert.throws(() => DirLock.acquire(dir, { staleMs: 60_000 }), LedgerLockedError);
+    const old = new Date(Date.now() - 120_000);
+    utimesSync(path, old, old);
+    DirLock.acquire(dir, { staleMs: 60_000 }).release();
+  });
+
+  test('a lock file that cannot be read (its holder died writing it) is judged by its age', () => {
+    const dir = tmp();
+    writeFileSync(join(dir, '.lock'), '{"pid":');
+    assert.throws(() => DirLock.acquire(dir, { staleMs: 60_000 }), LedgerLockedError);
+    const old = new Date(Date.now() - 120_000);
+    utimesSync(join(dir, '.lock'), old, old);
+    DirLock.acquire(dir, { staleMs: 60_000 }).release();
+  });
+
+  test('release leaves alone a lock that is no longer its own', () => {
+    const dir = tmp();
+    const lock = DirLock.acquire(dir);
+    writeFileSync(join(dir, '.lock'), JSON.stringify({ pid: process.ppid, host: hostname(), token: 'someone-else' }));
+    lock.release();
+    assert.equal(JSON.parse(readFileSync(join(dir, '.lock'), 'utf8')).token, 'someone-else');
+  });
+});
