@@ -48,8 +48,11 @@ export interface EmbeddedGateway {
   readonly handler: (req: IncomingMessage, res: ServerResponse) => void;
   /** Starts its own server; resolves with the base URL. */
   listen(port?: number, host?: string): Promise<string>;
-  /** Swaps in a new config (validated exactly as a file is); resolves to [] or the problems. */
-  reload(config: unknown): string[];
+  /**
+   * Swaps in a new config (validated exactly as a file is); resolves to [] or the problems.
+   * Reloads and admin changes are applied one at a time, in order.
+   */
+  reload(config: unknown): Promise<string[]>;
   health(): Health;
   /**
    * Graceful stop: not ready at once; its own listener (if any) keeps accepting for
@@ -139,7 +142,7 @@ export async function startGateway(
     },
     reload(next) {
       const validated = validate(next);
-      if (validated instanceof ConfigError) return validated.problems;
+      if (validated instanceof ConfigError) return Promise.resolve(validated.problems);
       return gateway.reload(validated);
     },
     health() {

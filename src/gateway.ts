@@ -19,7 +19,7 @@ import type { Provider } from './providers/types.js';
 import { Watchlist } from './providers/watchlist.js';
 import { Router } from './router.js';
 import { Credits } from './admin/credits.js';
-import { AdminStore, overlay, type AdminState } from './admin/state.js';
+import { AdminStore, cloneAdminState, overlay, type AdminState } from './admin/state.js';
 import { registerAccountRoutes } from './routes/account.js';
 import { registerAdminRoutes } from './routes/admin.js';
 import { registerCompletionRoutes } from './routes/completions.js';
@@ -53,7 +53,7 @@ export class Gateway {
   private fileConfig: GatewayConfig;
   readonly admin: AdminStore;
   private readonly adminKeyHash: string | null;
-  private adminQueue: Promise<unknown> = Promise.resolve();
+  private changes: Promise<unknown> = Promise.resolve();
   draining = false;
   /** Requests admitted and not yet finished (for the drain). */
   inFlight = 0;
@@ -98,46 +98,52 @@ export class Gateway {
 
   /**
    * Swaps in a new file config (admin changes stay laid over it): limits apply to the next
-   * request; counters are kept (they are keyed by id). Returns the problems instead when the
-   * admin changes do not fit the new file; the running config then stays.
+   * request; counters are kept (they are keyed by id). Resolves to the problems instead when
+   * the admin changes do not fit the new file; the running config then stays. Queued with the
+   * admin changes: a reload never undoes one in flight.
    */
-  reload(config: GatewayConfig): string[] {
-    const effective = overlay(config, this.admin.state);
-    if ('errors' in effective) return effective.errors;
-    this.fileConfig = config;
-    this.directory = new Directory(effective.config, this.createdS);
-    this.providers = createProviders(config);
-    // Calls already waiting keep the bound they started with.
-    if (config.server.clientIdleTimeoutMs !== this.clientIdle.ms) this.clientIdle = new Watchlist(config.server.clientIdleTimeoutMs);
-    this.creditNewAccounts();
-    return [];
+  reload(config: GatewayConfig): Promise<string[]> {
+    return this.change(async () => {
+      const effective = overlay(config, this.admin.state);
+      if ('errors' in effective) return effective.errors;
+      this.fileConfig = config;
+      this.providers = createProviders(config);
+      // Calls already waiting keep the bound they started with.
+      if (config.server.clientIdleTimeoutMs !== this.clientIdle.ms) this.clientIdle = new Watchlist(config.server.clientIdleTimeoutMs);
+      this.apply(effective.config);
+      return [];
+    });
   }
 
   /**
-   * Applies an admin change: validated against the file config, made durable, then live.
-   * Changes run one at a time. Resolves to the problems when the change does not fit.
+   * Applies an admin change: `mutate` edits a copy of the admin state (and may throw a
+   * GatewayError: a conflict, an unknown id, checked here, in the queue, so two calls cannot
+   * both pass it); the result is validated against the file config, made durable, then live.
+   * Resolves to the problems when the change does not fit.
    */
   changeAdmin(mutate: (state: AdminState) => void): Promise<string[]> {
-    const run = async (): Promise<string[]> => {
-      const next = structuredClone(this.admin.state);
+    return this.change(async () => {
+      const next = cloneAdminState(this.admin.state);
       mutate(next);
       const effective = overlay(this.fileConfig, next);
       if ('errors' in effective) return effective.errors;
-      const previous = this.admin.state;
+      await this.admin.save(next); // durable first; if this throws, nothing changed
       this.admin.state = next;
-      try {
-        await this.admin.save();
-      } catch (err) {
-        this.admin.state = previous;
-        throw err;
-      }
-      this.directory = new Directory(effective.config, this.createdS);
-      this.creditNewAccounts();
+      this.apply(effective.config);
       return [];
-    };
-    const result = this.adminQueue.then(run, run);
-    this.adminQueue = result.catch(() => {});
+    });
+  }
+
+  /** Every change of the running config (admin calls and reloads) runs here, one at a time, in order. */
+  private change<T>(run: () => Promise<T>): Promise<T> {
+    const result = this.changes.then(run, run);
+    this.changes = result.catch(() => {});
     return result;
+  }
+
+  private apply(config: GatewayConfig): void {
+    this.directory = new Directory(config, this.createdS);
+    this.creditNewAccounts();
   }
 
   /** Whether a presented key is the admin key (compared by hash). */

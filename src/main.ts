@@ -109,23 +109,30 @@ async function start(options: StartOptions): Promise<void> {
     if (demo) return logger.warn('SIGHUP ignored: the demo configuration has no file to reload');
     youngGenerationMayGrow(false);
     let next: ValidateResult;
-    let restartOnly: string[] = [];
-    let problems: string[] = [];
     try {
       next = loadConfigFile(file);
-      if (next.ok) {
-        const loaded = next.config;
-        restartOnly = (['server', 'limiter', 'ledger'] as const)
-          .filter((section) => JSON.stringify(loaded[section]) !== JSON.stringify(gateway.config[section]));
-        problems = gateway.reload(loaded);
-      }
-    } finally {
+    } catch (err) {
       youngGenerationMayGrow(true);
+      throw err;
     }
-    if (!next.ok) return logger.error('config reload rejected; keeping the running config', { problems: next.errors });
-    if (problems.length > 0) return logger.error('config reload rejected: admin changes do not fit it; keeping the running config', { problems });
-    logger.info('config reloaded', { config: resolve(file) });
-    if (restartOnly.length > 0) logger.warn('changes to these sections apply only after a restart', { sections: restartOnly });
+    if (!next.ok) {
+      youngGenerationMayGrow(true);
+      return logger.error('config reload rejected; keeping the running config', { problems: next.errors });
+    }
+    const loaded = next.config;
+    const restartOnly = (['server', 'limiter', 'ledger'] as const)
+      .filter((section) => JSON.stringify(loaded[section]) !== JSON.stringify(gateway.config[section]));
+    // Applied in turn with admin changes (one queue); the young generation is held until the
+    // new config is built.
+    gateway.reload(loaded).then((problems) => {
+      youngGenerationMayGrow(true);
+      if (problems.length > 0) return logger.error('config reload rejected: admin changes do not fit it; keeping the running config', { problems });
+      logger.info('config reloaded', { config: resolve(file) });
+      if (restartOnly.length > 0) logger.warn('changes to these sections apply only after a restart', { sections: restartOnly });
+    }, (err: unknown) => {
+      youngGenerationMayGrow(true);
+      logger.error('config reload failed; keeping the running config', { error: String(err) });
+    });
   });
   let stopping = false;
   const drain = (signal: string) => {

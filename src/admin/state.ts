@@ -1,5 +1,5 @@
 import { existsSync, readFileSync } from 'node:fs';
-import { writeFile, rename, open } from 'node:fs/promises';
+import { open, rename, writeFile } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import type { AccountConfig, GatewayConfig, KeyConfig, Limit, PlanConfig } from '../config/types.js';
 import { syncFile } from '../ledger/journal-fs.js';
@@ -20,33 +20,38 @@ export interface KeyPatch {
 /**
  * Everything changed through the admin API, kept apart from the config file and laid over it
  * whenever a config is built (at start, on SIGHUP, after each admin call): the file stays the
- * operator's, and a reload never undoes an admin change.
+ * operator's, and a reload never undoes an admin change. Ids are keys of Maps, never of plain
+ * objects: an id such as `__proto__` or `constructor` is an id like any other.
  */
 export interface AdminState {
-  version: 1;
-  plans: Record<string, PlanConfig>;
-  accounts: Record<string, AccountConfig>;
-  keys: Record<string, AdminKey>;
-  keyPatches: Record<string, KeyPatch>;
-  deletedKeys: string[];
+  plans: Map<string, PlanConfig>;
+  accounts: Map<string, AccountConfig>;
+  keys: Map<string, AdminKey>;
+  keyPatches: Map<string, KeyPatch>;
+  deletedKeys: Set<string>;
 }
 
 export function emptyAdminState(): AdminState {
-  return { version: 1, plans: {}, accounts: {}, keys: {}, keyPatches: {}, deletedKeys: [] };
+  return { plans: new Map(), accounts: new Map(), keys: new Map(), keyPatches: new Map(), deletedKeys: new Set() };
+}
+
+/** A deep copy, changed by an admin call before it is kept (and only then made live). */
+export function cloneAdminState(state: AdminState): AdminState {
+  return structuredClone(state);
 }
 
 /** The file config with the admin changes laid over it, or the problems that prevent it. */
 export function overlay(file: GatewayConfig, state: AdminState): { config: GatewayConfig } | { errors: string[] } {
   const plans = new Map(file.plans);
-  for (const [name, plan] of Object.entries(state.plans)) plans.set(name, plan);
+  for (const [name, plan] of state.plans) plans.set(name, plan);
   const accounts = new Map(file.accounts);
-  for (const [id, account] of Object.entries(state.accounts)) accounts.set(id, account);
+  for (const [id, account] of state.accounts) accounts.set(id, account);
   const keys = new Map<string, KeyConfig>();
   for (const [id, key] of file.keys) {
-    if (state.deletedKeys.includes(id)) continue;
-    keys.set(id, { ...key, ...(state.keyPatches[id] ?? {}) });
+    if (state.deletedKeys.has(id)) continue;
+    keys.set(id, { ...key, ...(state.keyPatches.get(id) ?? {}) });
   }
-  for (const [id, key] of Object.entries(state.keys)) keys.set(id, key);
+  for (const [id, key] of state.keys) keys.set(id, key);
 
   const errors: string[] = [];
   for (const account of accounts.values()) {
@@ -63,19 +68,54 @@ export function overlay(file: GatewayConfig, state: AdminState): { config: Gatew
   return { config: { ...file, plans, accounts, keys } };
 }
 
+/** The file's form: version 2, each collection as [id, value] pairs (version 1 used objects keyed by id). */
+interface Stored {
+  version: 1 | 2;
+  plans: unknown;
+  accounts: unknown;
+  keys: unknown;
+  keyPatches: unknown;
+  deletedKeys: string[];
+}
+
+function toJson(state: AdminState): string {
+  return JSON.stringify({
+    version: 2, plans: [...state.plans], accounts: [...state.accounts], keys: [...state.keys], keyPatches: [...state.keyPatches],
+    deletedKeys: [...state.deletedKeys],
+  }, null, 2);
+}
+
+/** Pairs from version 2, or the own properties of a version 1 object (never anything inherited). */
+function entries<T>(value: unknown, version: 1 | 2): Array<[string, T]> {
+  if (version === 2) return value as Array<[string, T]>;
+  return Object.entries(value as Record<string, T>);
+}
+
+function fromJson(text: string): AdminState {
+  const s = JSON.parse(text) as Stored;
+  return {
+    plans: new Map(entries<PlanConfig>(s.plans, s.version)),
+    accounts: new Map(entries<AccountConfig>(s.accounts, s.version)),
+    keys: new Map(entries<AdminKey>(s.keys, s.version)),
+    keyPatches: new Map(entries<KeyPatch>(s.keyPatches, s.version)),
+    deletedKeys: new Set(s.deletedKeys),
+  };
+}
+
 /** Where admin changes are kept: a JSON file beside the ledger (or nowhere, in memory). */
 export class AdminStore {
+  /** The state as kept: what the running config is built from. */
   state: AdminState;
 
   constructor(readonly path: string | null) {
-    this.state = path !== null && existsSync(path) ? (JSON.parse(readFileSync(path, 'utf8')) as AdminState) : emptyAdminState();
+    this.state = path !== null && existsSync(path) ? fromJson(readFileSync(path, 'utf8')) : emptyAdminState();
   }
 
-  /** Writes the state atomically (temp file, fsync, rename) before the change is acknowledged. */
-  async save(): Promise<void> {
+  /** Writes `state` atomically (temp file, fsync, rename, fsync of the folder) before the change is acknowledged. */
+  async save(state: AdminState): Promise<void> {
     if (this.path === null) return;
     const tmp = `${this.path}.tmp`;
-    await writeFile(tmp, JSON.stringify(this.state, null, 2));
+    await writeFile(tmp, toJson(state));
     const handle = await open(tmp, 'r+');
     try {
       await handle.sync();

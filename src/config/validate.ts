@@ -1,6 +1,7 @@
 import { hash } from 'node:crypto';
 import { isAbsolute, resolve } from 'node:path';
-import { FREE, MAX_PRICE_MICRO, parseUsd, type Price } from '../money.js';
+import { FREE, MAX_PRICE_MICRO, type Price } from '../money.js';
+import { amountField, boolField, capField, ENTITY_ID, ENTITY_ID_RULE, limitField, modelsField, NAME_ID, NAME_ID_RULE } from './fields.js';
 import type {
   AccountConfig, GatewayConfig, KeyConfig, LedgerConfig, Limit, LimiterConfig, ModelConfig, PlanConfig,
   Protocol, ProviderConfig, ServerConfig,
@@ -24,8 +25,7 @@ const SERVER_DEFAULTS: ServerConfig = {
   drainDelayMs: 0, drainTimeoutMs: 30_000, clientIdleTimeoutMs: 120_000, metrics: true, logLevel: 'info',
 };
 
-/** The largest limit (rpm, concurrency) a plan, account or key may set; larger is "unlimited". */
-export const MAX_LIMIT = 1_000_000_000;
+export { MAX_LIMIT } from './fields.js';
 /** The largest `outputTokenLimit` a model may have. */
 export const MAX_OUTPUT_TOKEN_LIMIT = 10_000_000;
 
@@ -33,7 +33,6 @@ const DEFAULT_BASE_URL: Record<Protocol, string> = {
   openai: 'https://api.openai.com/v1', anthropic: 'https://api.anthropic.com', mock: '',
 };
 
-const ID = /^[A-Za-z0-9._:@/-]{1,128}$/;
 const HEX64 = /^[0-9a-f]{64}$/;
 
 /** `a.b.c`, with `["..."]` for segments that would not read well after a dot. */
@@ -43,6 +42,9 @@ export function joinPath(base: string, segment: string | number): string {
   if (base === '') return part;
   return part.startsWith('[') ? base + part : `${base}.${part}`;
 }
+
+const ENTITY = { pattern: ENTITY_ID, rule: ENTITY_ID_RULE };
+const NAMES = { pattern: NAME_ID, rule: NAME_ID_RULE };
 
 function isObj(value: unknown): value is Obj {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
@@ -68,15 +70,18 @@ class Checker {
     return value;
   }
 
-  /** An object whose keys are ids (plans, accounts, ...). */
-  record(path: string, value: unknown): Obj {
+  /**
+   * An object whose keys are ids (plans, accounts, ...). Only its own keys are read (JSON makes
+   * `__proto__` an own key like any other, and every id ends up as the key of a Map).
+   */
+  record(path: string, value: unknown, id: { pattern: RegExp; rule: string } = ENTITY): Obj {
     if (value === undefined) return {};
     if (!isObj(value)) {
       this.fail(path, 'must be an object keyed by id');
       return {};
     }
-    for (const id of Object.keys(value)) {
-      if (!ID.test(id)) this.fail(joinPath(path, id), 'id must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / -');
+    for (const key of Object.keys(value)) {
+      if (!id.pattern.test(key)) this.fail(joinPath(path, key), `id ${id.rule}`);
     }
     return value;
   }
@@ -92,11 +97,12 @@ class Checker {
 
   bool(path: string, value: unknown, fallback: boolean): boolean {
     if (value === undefined) return fallback;
-    if (typeof value !== 'boolean') {
-      this.fail(path, 'must be true or false');
+    const r = boolField(value);
+    if (!r.ok) {
+      this.fail(path, r.message);
       return fallback;
     }
-    return value;
+    return r.value;
   }
 
   string(path: string, value: unknown, fallback: string): string {
@@ -108,36 +114,30 @@ class Checker {
     return value;
   }
 
-  /** A limit: a non-negative integer or "unlimited"; undefined when absent. */
-  limit(path: string, value: unknown): Limit | undefined {
+  /** A field checked by one of fields.ts's rules; undefined when absent or wrong (then reported). */
+  field<T>(path: string, value: unknown, rule: (v: unknown) => { ok: true; value: T } | { ok: false; message: string }): T | undefined {
     if (value === undefined) return undefined;
-    if (value === 'unlimited' || value === null) return null;
-    if (typeof value !== 'number' || !Number.isInteger(value) || value < 0 || value > MAX_LIMIT) {
-      this.fail(path, `must be an integer from 0 to ${MAX_LIMIT}, or "unlimited"`);
+    const r = rule(value);
+    if (!r.ok) {
+      this.fail(path, r.message);
       return undefined;
     }
-    return value;
+    return r.value;
+  }
+
+  /** A limit: a non-negative integer or "unlimited"; undefined when absent. */
+  limit(path: string, value: unknown): Limit | undefined {
+    return this.field(path, value, limitField);
   }
 
   /** A USD amount (number or decimal string) as micro-dollars, >= 0; undefined when absent. */
   money(path: string, value: unknown): number | undefined {
-    if (value === undefined) return undefined;
-    const micro = parseUsd(value);
-    if (typeof micro === 'string') {
-      this.fail(path, micro);
-      return undefined;
-    }
-    if (micro < 0) {
-      this.fail(path, 'must not be negative');
-      return undefined;
-    }
-    return micro;
+    return this.field(path, value, amountField);
   }
 
   /** A daily cap: an amount or "unlimited"; undefined when absent. */
   cap(path: string, value: unknown): Limit | undefined {
-    if (value === 'unlimited' || value === null) return null;
-    return this.money(path, value);
+    return this.field(path, value, capField);
   }
 }
 
@@ -150,8 +150,8 @@ export function validateConfig(raw: unknown, options: ValidateOptions): Validate
   const server = checkServer(c, root.server);
   const limiter = checkLimiter(c, root.limiter);
   const ledger = checkLedger(c, root.ledger, options.baseDir);
-  const providers = checkProviders(c, c.record('providers', root.providers), options.env);
-  const models = checkModels(c, c.record('models', root.models), providers);
+  const providers = checkProviders(c, c.record('providers', root.providers, NAMES), options.env);
+  const models = checkModels(c, c.record('models', root.models, NAMES), providers);
   const plans = checkPlans(c, c.record('plans', root.plans));
   const accounts = checkAccounts(c, c.record('accounts', root.accounts), plans);
   const keys = checkKeys(c, c.record('keys', root.keys), accounts, models);
@@ -256,7 +256,9 @@ function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): M
     let apiKey: string | null = null;
     if (o.apiKeyEnv !== undefined) {
       const name = c.string(`${path}.apiKeyEnv`, o.apiKeyEnv, '');
-      const found = name === '' ? undefined : env[name];
+      // An own property, and a string: `apiKeyEnv: "toString"` names no variable.
+      const value = name !== '' && Object.hasOwn(env, name) ? env[name] : undefined;
+      const found = typeof value === 'string' ? value : undefined;
       if (name !== '' && (found === undefined || found === '')) {
         c.fail(`${path}.apiKeyEnv`, `environment variable ${name} is not set`);
       }
@@ -390,10 +392,11 @@ function checkKeys(
       if (!Array.isArray(o.models)) c.fail(`${path}.models`, 'must be an array of model ids');
       else {
         allowed = [];
+        // Every bad element is reported, each by its index (the admin API names the first).
         o.models.forEach((m: unknown, i: number) => {
-          if (typeof m !== 'string' || !models.has(m)) {
-            c.fail(joinPath(`${path}.models`, i), `unknown model ${JSON.stringify(m)}`);
-          } else allowed!.push(m);
+          const one = modelsField([m], models);
+          if (!one.ok) c.fail(joinPath(`${path}.models`, i), one.message);
+          else allowed!.push(m as string);
         });
       }
     }

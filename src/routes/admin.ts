@@ -1,7 +1,7 @@
 import { hash, randomBytes } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { boolField, capField, ENTITY_ID, ENTITY_ID_RULE, limitField, modelsField, type Field } from '../config/fields.js';
 import type { AccountConfig, Limit, PlanConfig } from '../config/types.js';
-import { MAX_LIMIT } from '../config/validate.js';
 import { GatewayError } from '../errors.js';
 import type { Gateway } from '../gateway.js';
 import { readBodyAsync } from '../http/body.js';
@@ -12,7 +12,6 @@ import type { Router } from '../router.js';
 import { historyItem } from './account.js';
 
 type Body = Record<string, unknown>;
-const ID = /^[A-Za-z0-9._:@/-]{1,128}$/;
 
 function bad(param: string, message: string): GatewayError {
   return new GatewayError('invalid_request', { message, fields: { param } });
@@ -45,32 +44,28 @@ function withBody(gw: Gateway, ctx: RequestContext, req: IncomingMessage, res: S
   });
 }
 
-function limitField(body: Body, name: string): Limit | undefined {
+/** A body field checked by the same rule as in a config file (config/fields.ts); undefined when absent. */
+function field<T>(body: Body, name: string, rule: (v: unknown) => Field<T>): T | undefined {
   const v = body[name];
   if (v === undefined) return undefined;
-  if (v === null || v === 'unlimited') return null;
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < 0 || v > MAX_LIMIT) {
-    throw bad(name, `"${name}" must be an integer from 0 to ${MAX_LIMIT}, or "unlimited".`);
-  }
-  return v;
+  const r = rule(v);
+  if (!r.ok) throw bad(name, `"${name}" ${r.message}.`);
+  return r.value;
 }
 
-function capField(body: Body, name: string): Limit | undefined {
-  const v = body[name];
-  if (v === undefined) return undefined;
-  if (v === null || v === 'unlimited') return null;
-  const micro = parseUsd(v);
-  if (typeof micro === 'string' || micro < 0) throw bad(name, `"${name}" must be a non-negative amount of US dollars or "unlimited".`);
-  return micro;
-}
-
-function modelsField(gw: Gateway, body: Body): string[] | null | undefined {
+function modelsOf(gw: Gateway, body: Body): string[] | null | undefined {
   const v = body.models;
   if (v === undefined) return undefined;
   if (v === null) return null;
-  if (!Array.isArray(v) || v.some((m) => typeof m !== 'string')) throw bad('models', '"models" must be an array of model ids, or null for all.');
-  for (const m of v as string[]) if (!gw.config.models.has(m)) throw bad('models', `Unknown model "${m}".`);
-  return v as string[];
+  const r = modelsField(v, gw.config.models);
+  if (!r.ok) throw bad('models', `"models" ${r.message}${r.index === undefined ? '' : ` (element ${r.index})`}.`);
+  return r.value;
+}
+
+/** An id in a path or a body: the config file's rule for ids of plans, accounts and keys. */
+function checkId(param: string, id: unknown, what: string): string {
+  if (typeof id !== 'string' || !ENTITY_ID.test(id)) throw bad(param, `A ${what} id ${ENTITY_ID_RULE}.`);
+  return id;
 }
 
 /** Answers 400 with the first problem when a change does not fit the config. */
@@ -78,12 +73,14 @@ function rejectChange(problems: string[], param: string): GatewayError {
   return bad(param, `The change does not fit the configuration: ${problems.join('; ')}`);
 }
 
+const noKey = (id: string) => new GatewayError('not_found', { message: `No key "${id}".` });
+
 const usdOrUnlimited = (v: Limit | undefined) => (v === undefined ? null : v === null ? 'unlimited' : microToUsd(v));
 const limitOrUnlimited = (v: Limit | undefined) => (v === undefined ? null : v === null ? 'unlimited' : v);
 
 function keyObject(gw: Gateway, id: string) {
   const k = gw.config.keys.get(id)!;
-  const created = gw.admin.state.keys[id]?.createdAt;
+  const created = gw.admin.state.keys.get(id)?.createdAt;
   return {
     id, account: k.account, models: k.models, rpm: k.rpm, concurrency: k.concurrency, disabled: k.disabled,
     created_at: created === undefined ? null : new Date(created).toISOString(),
@@ -114,17 +111,16 @@ export function registerAdminRoutes(router: Router<Gateway>): void {
       },
       POST: (gw, ctx, req, res) => withBody(gw, ctx, req, res, ['account', 'id', 'models', 'rpm', 'concurrency'], async (body) => {
         if (typeof body.account !== 'string' || !gw.config.accounts.has(body.account)) throw bad('account', '"account" must name an existing account.');
-        const id = body.id === undefined ? `key_${randomBytes(6).toString('hex')}` : body.id;
-        if (typeof id !== 'string' || !ID.test(id)) throw bad('id', '"id" must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / -');
-        if (gw.config.keys.has(id) || gw.admin.state.deletedKeys.includes(id)) throw bad('id', `A key "${id}" exists already.`);
+        const account = body.account;
+        const id = body.id === undefined ? `key_${randomBytes(6).toString('hex')}` : checkId('id', body.id, 'key');
         const plaintext = `sk-mg-${randomBytes(24).toString('base64url')}`;
-        const models = modelsField(gw, body) ?? null;
-        const rpm = limitField(body, 'rpm') ?? null;
-        const concurrency = limitField(body, 'concurrency') ?? null;
+        const models = modelsOf(gw, body) ?? null;
+        const rpm = field(body, 'rpm', limitField) ?? null;
+        const concurrency = field(body, 'concurrency', limitField) ?? null;
         const problems = await gw.changeAdmin((s) => {
-          s.keys[id] = {
-            id, account: body.account as string, sha256: hash('sha256', plaintext), models, rpm, concurrency, disabled: false, createdAt: Date.now(),
-          };
+          // Checked in the queue: of two calls creating one id at once, exactly one succeeds.
+          if (gw.config.keys.has(id) || s.keys.has(id) || s.deletedKeys.has(id)) throw bad('id', `A key "${id}" exists already.`);
+          s.keys.set(id, { id, account, sha256: hash('sha256', plaintext), models, rpm, concurrency, disabled: false, createdAt: Date.now() });
         });
         if (problems.length > 0) throw rejectChange(problems, 'id');
         sendJson(ctx, res, 201, JSON.stringify({ ...keyObject(gw, id), key: plaintext }), gw.done);
@@ -137,34 +133,35 @@ export function registerAdminRoutes(router: Router<Gateway>): void {
     methods: {
       PATCH: (gw, ctx, req, res) => withBody(gw, ctx, req, res, ['disabled', 'models', 'rpm', 'concurrency'], async (body) => {
         const id = ctx.param;
-        if (!gw.config.keys.has(id)) return sendError(ctx, res, 'not_found', gw.done, { message: `No key "${id}".` });
-        if (body.disabled !== undefined && typeof body.disabled !== 'boolean') throw bad('disabled', '"disabled" must be true or false.');
+        if (!gw.config.keys.has(id)) throw noKey(id);
         const patch = {
-          ...(body.disabled !== undefined ? { disabled: body.disabled as boolean } : {}),
-          ...(body.models !== undefined ? { models: modelsField(gw, body)! } : {}),
-          ...(body.rpm !== undefined ? { rpm: limitField(body, 'rpm')! } : {}),
-          ...(body.concurrency !== undefined ? { concurrency: limitField(body, 'concurrency')! } : {}),
+          ...(body.disabled !== undefined ? { disabled: field(body, 'disabled', boolField)! } : {}),
+          ...(body.models !== undefined ? { models: modelsOf(gw, body)! } : {}),
+          ...(body.rpm !== undefined ? { rpm: field(body, 'rpm', limitField)! } : {}),
+          ...(body.concurrency !== undefined ? { concurrency: field(body, 'concurrency', limitField)! } : {}),
         };
         const problems = await gw.changeAdmin((s) => {
-          if (s.keys[id] !== undefined) Object.assign(s.keys[id]!, patch);
-          else s.keyPatches[id] = { ...(s.keyPatches[id] ?? {}), ...patch };
+          const own = s.keys.get(id);
+          if (own !== undefined) s.keys.set(id, { ...own, ...patch });
+          else if (gw.config.keys.has(id)) s.keyPatches.set(id, { ...(s.keyPatches.get(id) ?? {}), ...patch });
+          else throw noKey(id); // deleted while this call waited its turn
         });
         if (problems.length > 0) throw rejectChange(problems, 'models');
         sendJson(ctx, res, 200, JSON.stringify(keyObject(gw, id)), gw.done);
       }),
       DELETE: (gw, ctx, _req, res) => {
         const id = ctx.param;
-        if (!gw.config.keys.has(id)) return sendError(ctx, res, 'not_found', gw.done, { message: `No key "${id}".` });
         gw.changeAdmin((s) => {
-          if (s.keys[id] !== undefined) delete s.keys[id];
-          else s.deletedKeys.push(id);
-          delete s.keyPatches[id];
-        }).then(() => {
+          if (!gw.config.keys.has(id)) throw noKey(id);
+          if (!s.keys.delete(id)) s.deletedKeys.add(id);
+          s.keyPatches.delete(id);
+        }).then((problems) => {
+          if (problems.length > 0) throw rejectChange(problems, 'id');
           ctx.status = 204;
           res.writeHead(204, ['x-request-id', ctx.id]);
           res.end();
           gw.done(ctx);
-        }, (err: unknown) => gw.fault(ctx, res, err));
+        }).catch((err: unknown) => gw.fault(ctx, res, err));
       },
     },
   });
@@ -173,14 +170,14 @@ export function registerAdminRoutes(router: Router<Gateway>): void {
     admin: true,
     methods: {
       PUT: (gw, ctx, req, res) => withBody(gw, ctx, req, res, ['rpm', 'concurrency', 'dailyCapUsd'], async (body) => {
-        const name = ctx.param;
-        if (!ID.test(name)) throw bad('name', 'A plan name must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / -');
+        const name = checkId('name', ctx.param, 'plan');
         if (body.rpm === undefined) throw bad('rpm', '"rpm" is required.');
         if (body.concurrency === undefined) throw bad('concurrency', '"concurrency" is required.');
         const plan: PlanConfig = {
-          name, rpm: limitField(body, 'rpm')!, concurrency: limitField(body, 'concurrency')!, dailyCapMicro: capField(body, 'dailyCapUsd') ?? null,
+          name, rpm: field(body, 'rpm', limitField)!, concurrency: field(body, 'concurrency', limitField)!,
+          dailyCapMicro: field(body, 'dailyCapUsd', capField) ?? null,
         };
-        const problems = await gw.changeAdmin((s) => { s.plans[name] = plan; });
+        const problems = await gw.changeAdmin((s) => { s.plans.set(name, plan); });
         if (problems.length > 0) throw rejectChange(problems, 'name');
         sendJson(ctx, res, 200, JSON.stringify(planObject(gw.config.plans.get(name)!)), gw.done);
       }),
@@ -195,18 +192,20 @@ export function registerAdminRoutes(router: Router<Gateway>): void {
         sendAccount(gw, ctx, res, ctx.param);
       },
       PUT: (gw, ctx, req, res) => withBody(gw, ctx, req, res, ['plan', 'rpm', 'concurrency', 'dailyCapUsd', 'prepaid'], async (body) => {
-        const id = ctx.param;
-        if (!ID.test(id)) throw bad('id', 'An account id must be 1 to 128 characters of A-Z a-z 0-9 . _ : @ / -');
+        const id = checkId('id', ctx.param, 'account');
         if (typeof body.plan !== 'string' || !gw.config.plans.has(body.plan)) throw bad('plan', '"plan" must name an existing plan.');
-        if (body.prepaid !== undefined && typeof body.prepaid !== 'boolean') throw bad('prepaid', '"prepaid" must be true or false.');
-        const existing = gw.config.accounts.get(id);
-        const account: AccountConfig = {
-          id, plan: body.plan, rpm: limitField(body, 'rpm'), concurrency: limitField(body, 'concurrency'),
-          dailyCapMicro: capField(body, 'dailyCapUsd'),
+        const plan = body.plan;
+        const prepaid = field(body, 'prepaid', boolField);
+        const rpm = field(body, 'rpm', limitField);
+        const concurrency = field(body, 'concurrency', limitField);
+        const dailyCapMicro = field(body, 'dailyCapUsd', capField);
+        const problems = await gw.changeAdmin((s) => {
           // Whether an account is prepaid (and its one-time credit) is kept; a new one starts at 0.
-          balanceMicro: existing !== undefined ? existing.balanceMicro : body.prepaid === true ? 0 : null,
-        };
-        const problems = await gw.changeAdmin((s) => { s.accounts[id] = account; });
+          const existing = gw.config.accounts.get(id);
+          const balanceMicro = existing !== undefined ? existing.balanceMicro : prepaid === true ? 0 : null;
+          const account: AccountConfig = { id, plan, rpm, concurrency, dailyCapMicro, balanceMicro };
+          s.accounts.set(id, account);
+        });
         if (problems.length > 0) throw rejectChange(problems, 'plan');
         sendAccount(gw, ctx, res, id);
       }),

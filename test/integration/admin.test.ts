@@ -89,7 +89,7 @@ describe('admin API', () => {
       // A SIGHUP-style reload of the file config does not undo admin changes.
       const file = validateConfig(testConfig(), { baseDir: '/', env: {} });
       assert.ok(file.ok);
-      assert.deepEqual(gw.gateway.reload(file.config), []);
+      assert.deepEqual(await gw.gateway.reload(file.config), []);
       assert.equal((await api(gw, 'sk-bob')('GET', '/v1/models')).status, 401);
       assert.equal((await api(gw, plaintext)('GET', '/v1/models')).status, 200);
     } finally {

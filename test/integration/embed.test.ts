@@ -24,9 +24,9 @@ describe('the programmatic API', () => {
     assert.equal((await fetch(`${url}/v1/models`, { headers: { 'x-api-key': 'sk-carol' } })).status, 401);
     const next = testConfig() as { keys: Record<string, unknown> };
     next.keys.key_carol = { account: 'acct_bob', key: 'sk-carol' };
-    assert.deepEqual(gw.reload(next), []);
+    assert.deepEqual(await gw.reload(next), []);
     assert.equal((await fetch(`${url}/v1/models`, { headers: { 'x-api-key': 'sk-carol' } })).status, 200);
-    assert.deepEqual(gw.reload({ plans: 1 }), ['plans: must be an object keyed by id']);
+    assert.deepEqual(await gw.reload({ plans: 1 }), ['plans: must be an object keyed by id']);
     const closing = gw.close();
     assert.deepEqual(gw.health(), { live: true, ready: false, reason: 'draining' });
     await closing;

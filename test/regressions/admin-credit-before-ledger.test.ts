@@ -128,7 +128,7 @@ describe('regression: admin credits were live before durable, and not idempotent
     assert.equal(spend.status, 200);
     await spend.text();
     assert.equal(await balanceOf(gw), null);
-    assert.deepEqual(gw.gateway.reload(validated(config(true))), []);
+    assert.deepEqual(await gw.gateway.reload(validated(config(true))), []);
     assert.equal(await balanceOf(gw), 5, 'its past (postpaid) spend is not taken from its new balance');
     await gw.close();
     await first.close();
@@ -166,7 +166,7 @@ if (hasRedis) {
         const spend = await postJson(`${gw.url}/v1/chat/completions`, 'sk-c', chatBody('paid', 'x'.repeat(400)));
         assert.equal(spend.status, 200);
         await spend.text();
-        assert.deepEqual(gw.gateway.reload(validated(config(true))), []);
+        assert.deepEqual(await gw.gateway.reload(validated(config(true))), []);
         for (let i = 0; i < 50 && (await balanceOf(gw)) !== 5; i++) await new Promise((r) => setTimeout(r, 20));
         assert.equal(await balanceOf(gw), 5);
         const post = () => admin(gw)('POST', '/admin/v1/accounts/acct_c/credits', { amountUsd: 1 }, { 'idempotency-key': 'r-1' });
