@@ -44,6 +44,9 @@ export const ERRORS = {
     status: 409, type: 'idempotency_error', retry: false,
     message: 'A request with this Idempotency-Key is still executing; wait for it instead of resending.',
   },
+  expectation_failed: {
+    status: 417, type: 'invalid_request_error', retry: null, message: 'Only "Expect: 100-continue" is supported.',
+  },
   request_timeout: {
     status: 408, type: 'invalid_request_error', retry: null, message: 'The request was not received in time.',
   },

@@ -162,6 +162,11 @@ export class Gateway {
   readonly handle = (req: IncomingMessage, res: ServerResponse): void => {
     const ctx = new RequestContext(req, performance.now());
     if (this.draining) ctx.closeConnection = true;
+    if (!ctx.hasHost && req.httpVersionMinor === 1 && req.httpVersionMajor === 1) {
+      // Node would answer this itself, bare (no envelope, no request id); the server lets it through.
+      ctx.closeConnection = true;
+      return sendError(ctx, res, 'invalid_request', this.done, { message: 'An HTTP/1.1 request needs a Host header.' });
+    }
     const route = this.router.find(ctx);
     if (route === undefined) return sendError(ctx, res, 'not_found', this.done);
     ctx.route = route.label;
@@ -197,6 +202,13 @@ export class Gateway {
     } catch (err) {
       this.fault(ctx, res, err);
     }
+  };
+
+  /** A request with an `Expect` other than 100-continue (Node's 'checkExpectation'): 417 in the envelope. */
+  readonly expectationFailed = (req: IncomingMessage, res: ServerResponse): void => {
+    const ctx = new RequestContext(req, performance.now());
+    ctx.closeConnection = true; // its body, if any, is not read
+    sendError(ctx, res, 'expectation_failed', this.done);
   };
 
   /** Writes the access log line, once per request. */

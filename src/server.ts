@@ -5,16 +5,26 @@ import type { Gateway } from './gateway.js';
 import { newRequestId } from './http/context.js';
 
 /**
- * A node:http server around a gateway: timeouts from the config, and malformed requests
- * answered in the contract's envelope (with a request id) instead of Node's bare 400.
+ * A node:http server around a gateway: timeouts and a connection bound from the config, and
+ * every answer the gateway's own, in the contract's envelope with a request id: malformed
+ * requests, timeouts, a missing Host and an unsupported Expect included (Node would answer
+ * those bare).
  */
 export function createGatewayServer(gateway: Gateway): Server {
-  const { requestTimeoutMs } = gateway.config.server;
+  const { requestTimeoutMs, headersTimeoutMs, maxConnections } = gateway.config.server;
+  const headersTimeout = Math.min(headersTimeoutMs, requestTimeoutMs);
   const server = createServer({
     requestTimeout: requestTimeoutMs,
-    headersTimeout: Math.min(requestTimeoutMs, 60_000),
+    headersTimeout,
+    // Node enforces both timeouts by a sweep over all connections, every 30 s by default: a
+    // slow client would keep its connection for up to 30 s past its timeout. Every second
+    // (at most half the shorter timeout) it costs little and keeps the timeouts honest.
+    connectionsCheckingInterval: Math.max(50, Math.min(1000, Math.floor(headersTimeout / 2))),
     keepAliveTimeout: 65_000, // longer than common load balancers' idle timeout (60 s)
+    requireHostHeader: false, // the gateway answers a missing Host itself (gateway.ts)
   }, gateway.handle);
+  server.maxConnections = maxConnections;
+  server.on('checkExpectation', gateway.expectationFailed);
   server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
     if (!socket.writable || err.code === 'ECONNRESET') {
       socket.destroy();

@@ -12,6 +12,10 @@ export interface ServerConfig {
   drainTimeoutMs: number;
   /** A client that reads nothing of its answer for this long is cut (its slot released). */
   clientIdleTimeoutMs: number;
+  /** Time a client has to send a request's headers (at most requestTimeoutMs). */
+  headersTimeoutMs: number;
+  /** Connections held at most; more are closed as they arrive. */
+  maxConnections: number;
   metrics: boolean;
   /** Log level: 'debug', 'info' (access log on), 'warn' (access log off) or 'error'. */
   logLevel: 'debug' | 'info' | 'warn' | 'error';

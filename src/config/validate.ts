@@ -22,7 +22,8 @@ type Obj = Record<string, unknown>;
 
 const SERVER_DEFAULTS: ServerConfig = {
   host: '127.0.0.1', port: 8080, maxBodyBytes: 4_194_304, requestTimeoutMs: 30_000,
-  drainDelayMs: 0, drainTimeoutMs: 30_000, clientIdleTimeoutMs: 120_000, metrics: true, logLevel: 'info',
+  drainDelayMs: 0, drainTimeoutMs: 30_000, clientIdleTimeoutMs: 120_000, headersTimeoutMs: 10_000, maxConnections: 10_000,
+  metrics: true, logLevel: 'info',
 };
 
 export { MAX_LIMIT } from './fields.js';
@@ -173,6 +174,8 @@ function checkServer(c: Checker, value: unknown): ServerConfig {
     drainDelayMs: c.int('server.drainDelayMs', o.drainDelayMs, 0, 3_600_000, d.drainDelayMs),
     drainTimeoutMs: c.int('server.drainTimeoutMs', o.drainTimeoutMs, 0, 3_600_000, d.drainTimeoutMs),
     clientIdleTimeoutMs: c.int('server.clientIdleTimeoutMs', o.clientIdleTimeoutMs, 1, 3_600_000, d.clientIdleTimeoutMs),
+    headersTimeoutMs: c.int('server.headersTimeoutMs', o.headersTimeoutMs, 1, 3_600_000, d.headersTimeoutMs),
+    maxConnections: c.int('server.maxConnections', o.maxConnections, 1, 10_000_000, d.maxConnections),
     metrics: c.bool('server.metrics', o.metrics, d.metrics),
     logLevel: checkLevel(c, o.logLevel),
   };

@@ -38,6 +38,8 @@ export class RequestContext {
   logged = false;
   /** The matched route's pattern, for metrics. */
   route = 'unmatched';
+  /** Whether the request has a Host header (HTTP/1.1 requires one). */
+  readonly hasHost: boolean;
 
   constructor(req: IncomingMessage, startMs: number) {
     this.startMs = startMs;
@@ -52,11 +54,15 @@ export class RequestContext {
     let authorization: string | undefined;
     let idempotencyKey: string | undefined;
     let conflict = false;
+    let hasHost = false;
     const raw = req.rawHeaders;
     // Hot path: compare lengths first so most header names are skipped without lowercasing.
     for (let i = 0; i < raw.length; i += 2) {
       const name = raw[i]!;
       switch (name.length) {
+        case 4:
+          if (name === 'Host' || name.toLowerCase() === 'host') hasHost = true;
+          break;
         case 9:
           if (name === 'x-api-key' || name.toLowerCase() === 'x-api-key') {
             if (apiKeyHeader !== undefined && apiKeyHeader !== raw[i + 1]) conflict = true;
@@ -77,6 +83,7 @@ export class RequestContext {
           break;
       }
     }
+    this.hasHost = hasHost;
     this.id = requestId !== undefined && REQUEST_ID.test(requestId) ? requestId : newRequestId();
     this.idempotencyKey = idempotencyKey;
     this.apiKey = conflict ? null : pickKey(apiKeyHeader, authorization);

@@ -1,0 +1,143 @@
+import assert from 'node:assert/strict';
+import { connect, type Socket } from 'node:net';
+import { performance } from 'node:perf_hooks';
+import { after, before, describe, test } from 'node:test';
+import { FakeUpstream, json, openaiCompletion } from '../helpers/fake-upstream.js';
+import { entriesOf, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+
+/**
+ * Clients that try to hold the gateway: headers trickled a byte at a time (slowloris), more
+ * connections than it should hold, a request without Host, an Expect it does not support, and
+ * a client that never reads its answer. Each is answered in the envelope, or cut, within its
+ * stated bound; ordinary clients stay fast meanwhile; nothing is held afterwards.
+ */
+
+function open(url: string): Promise<Socket> {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve, reject) => {
+    const socket = connect(Number(port), hostname, () => resolve(socket));
+    socket.on('error', reject);
+  });
+}
+
+/** Everything a raw connection receives until it closes (or `ms` pass). */
+function received(socket: Socket, ms = 5000): Promise<{ text: string; closedAt: number }> {
+  return new Promise((resolve) => {
+    let text = '';
+    socket.on('data', (d: Buffer) => { text += d.toString('latin1'); });
+    const done = () => resolve({ text, closedAt: performance.now() });
+    socket.on('close', done);
+    setTimeout(() => { socket.destroy(); }, ms).unref();
+  });
+}
+
+describe('fault: hostile clients', () => {
+  const up = new FakeUpstream();
+  let gw: Running;
+  before(async () => {
+    const base = await up.start();
+    gw = await startGateway(testConfig({
+      server: { host: '127.0.0.1', port: 0, maxBodyBytes: 65_536, requestTimeoutMs: 1500, headersTimeoutMs: 1000, clientIdleTimeoutMs: 500, maxConnections: 400 },
+      plans: { p: { rpm: 100_000, concurrency: 1 } },
+      accounts: { acct_h: { plan: 'p' } },
+      keys: { key_h: { account: 'acct_h', key: 'sk-h' } },
+      models: { big: { provider: 'up', price: { inputPerMillion: 1, outputPerMillion: 1 } } },
+      providers: { up: { protocol: 'openai', baseUrl: `${base}/v1`, timeoutMs: 5000 } },
+    }));
+  });
+  after(async () => {
+    await gw.close();
+    await up.close();
+  });
+
+  test('slowloris: 300 connections trickling their headers get 408 in the envelope within the timeouts; others stay fast', async () => {
+    const started = performance.now();
+    const sockets = await Promise.all(Array.from({ length: 300 }, () => open(gw.url)));
+    const ends = sockets.map((s) => received(s));
+    const header = 'GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ';
+    let i = 0;
+    const trickle = setInterval(() => {
+      for (const s of sockets) if (!s.destroyed) s.write(header[Math.min(i, header.length - 1)]!);
+      i++;
+    }, 200);
+    try {
+      const latencies: number[] = [];
+      for (let n = 0; n < 40; n++) {
+        const t = performance.now();
+        const res = await fetch(`${gw.url}/healthz`);
+        await res.text();
+        latencies.push(performance.now() - t);
+      }
+      const results = await Promise.all(ends);
+      for (const r of results) {
+        assert.match(r.text, /^HTTP\/1\.1 408 /);
+        assert.match(r.text, /"code":"request_timeout"/);
+        assert.match(r.text, /x-request-id: req_/);
+        assert.ok(r.closedAt - started < 3500, `closed after ${Math.round(r.closedAt - started)} ms (timeouts 1000 / 1500 ms)`);
+      }
+      latencies.sort((a, b) => a - b);
+      assert.ok(latencies.at(-1)! < 500, `an ordinary client waited ${Math.round(latencies.at(-1)!)} ms`);
+    } finally {
+      clearInterval(trickle);
+      for (const s of sockets) s.destroy();
+    }
+  });
+
+  test('maxConnections: connections beyond it are closed as they arrive; those held keep working', async () => {
+    const held = await Promise.all(Array.from({ length: 400 }, () => open(gw.url)));
+    const counted = () => new Promise<number>((resolve) => gw.server.getConnections((_err, n) => resolve(n)));
+    try {
+      await until(async () => (await counted()) >= 400, 3000, 'the server holding 400 connections');
+      // The next one is closed as it arrives (or refused): its request is never answered.
+      const extra = await open(gw.url).catch(() => null);
+      if (extra !== null) {
+        const r = received(extra, 2000);
+        extra.write('GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n', () => {});
+        assert.equal((await r).text, '', 'closed without an answer');
+      }
+      held[0]!.write('GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+      assert.match((await received(held[0]!)).text, /^HTTP\/1\.1 200 /);
+    } finally {
+      for (const s of held) s.destroy();
+    }
+    await until(async () => (await fetch(`${gw.url}/healthz`)).status === 200, 3000, 'accepting again');
+  });
+
+  test('HTTP/1.1 without Host is 400, an Expect other than 100-continue is 417: both the gateway\'s own answers', async () => {
+    for (const [raw, status, code] of [
+      ['GET /healthz HTTP/1.1\r\n\r\n', 400, 'invalid_request'],
+      ['GET /healthz HTTP/1.1\r\nHost: x\r\nExpect: teapot\r\n\r\n', 417, 'expectation_failed'],
+    ] as const) {
+      const s = await open(gw.url);
+      const answer = received(s);
+      s.write(raw);
+      const { text } = await answer;
+      assert.match(text, new RegExp(`^HTTP/1\\.1 ${status} `));
+      assert.match(text, /x-request-id: req_/);
+      assert.match(text, new RegExp(`"code":"${code}"`));
+      assert.match(text, /"type":"error"/);
+    }
+  });
+
+  test('a client that never reads a non-streamed answer is cut after clientIdleTimeoutMs; its slot returns', async () => {
+    // 8 MB: more than the socket buffers between the gateway and the client hold.
+    up.queue.push((_req, res) => json(res, 200, openaiCompletion('x'.repeat(8_000_000))));
+    const s = await open(gw.url);
+    const body = JSON.stringify({ model: 'big', messages: [{ role: 'user', content: 'hi' }] });
+    s.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-h\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
+    s.pause(); // and never read
+    const before = entriesOf(gw, 'acct_h').length;
+    try {
+      await until(() => entriesOf(gw, 'acct_h').length === before + 1, 5000, 'the charge');
+      await until(() => gw.gateway.inFlight === 0, 5000, 'the idle reader cut, its slot back');
+      assert.equal(entriesOf(gw, 'acct_h').at(-1)!.estimated, false, 'the provider\'s usage was known: charged exactly');
+      // Concurrency 1: the next call is admitted.
+      up.queue.push((_req, res) => json(res, 200, openaiCompletion('ok')));
+      const next = await fetch(`${gw.url}/v1/chat/completions`, { method: 'POST', headers: { authorization: 'Bearer sk-h', 'content-type': 'application/json' }, body });
+      assert.equal(next.status, 200);
+      await next.text();
+    } finally {
+      s.destroy();
+    }
+  });
+});
