@@ -6,13 +6,15 @@ import { upstreamStatusSpec } from '../errors.js';
 import { ConnectionPool } from './pool.js';
 import type { ProtocolAdapter } from './protocols.js';
 import { backoffMs, MAX_ATTEMPTS, RETRY_STATUSES, retryAfterMs } from './retry.js';
-import { SseSplitter } from './sse.js';
+import { EventTooLarge, SseSplitter } from './sse.js';
 import { usageField } from './usage-field.js';
 import { Watch, Watchlist } from './watchlist.js';
 import type { Exchange, Provider } from './types.js';
 
-/** The most of a provider's non-streamed answer the gateway will hold to meter it. */
-const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
+/** The most of a provider's non-streamed answer the gateway will hold to meter it (an embeddings batch can be tens of MB). */
+export const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
+/** The longest stream event the gateway will hold to look at it, in characters (a provider over it is cut). */
+export const MAX_EVENT_CHARS = 8 * 1024 * 1024;
 /** The most of a provider's error body read for its message. */
 const MAX_ERROR_BYTES = 64 * 1024;
 
@@ -70,8 +72,9 @@ function is(name: string, lower: string): boolean {
  * `res.headers`, which builds an object of every header. Names are told apart by length
  * first, so most are never lower-cased or hashed.
  */
-function answerHeaders(res: IncomingMessage): { contentType: string; passed: string[] } {
+function answerHeaders(res: IncomingMessage): { contentType: string; encoding: string | null; passed: string[] } {
   let contentType = 'application/json';
+  let encoding: string | null = null;
   const passed: string[] = [];
   let upstreamId: string | undefined;
   let requestId: string | undefined;
@@ -89,6 +92,9 @@ function answerHeaders(res: IncomingMessage): { contentType: string; passed: str
       case 14:
         if (is(name, 'openai-version')) passed.push('openai-version', raw[i + 1]!);
         break;
+      case 16:
+        if (is(name, 'content-encoding')) encoding = raw[i + 1]!.trim().toLowerCase();
+        break;
       case 20:
         if (is(name, 'openai-processing-ms')) passed.push('openai-processing-ms', raw[i + 1]!);
         break;
@@ -99,7 +105,7 @@ function answerHeaders(res: IncomingMessage): { contentType: string; passed: str
   }
   upstreamId ??= requestId;
   if (upstreamId !== undefined) passed.push('x-upstream-request-id', upstreamId);
-  return { contentType, passed };
+  return { contentType, encoding, passed };
 }
 
 /** The timer of one call, as the steps after its headers see it. */
@@ -265,8 +271,15 @@ export class HttpProvider implements Provider {
 
   /** A 2xx answer: streamed event by event, or read whole, metered, then sent. */
   private relay(ex: Exchange, res: IncomingMessage, call: Call): void {
-    const { contentType, passed } = answerHeaders(res);
+    const { contentType, encoding, passed } = answerHeaders(res);
     ex.onAbort(() => res.destroy());
+    if (encoding !== null && encoding !== 'identity') {
+      // The gateway asked for identity: it reads usage out of the answer and relays it as it is.
+      call.end();
+      res.destroy();
+      ex.upstreamFailed('garbage');
+      return ex.fail('upstream_error', { message: `The provider answered in an encoding it was not asked for (${encoding}).` });
+    }
 
     if (!contentType.startsWith('text/event-stream')) {
       readAnswer(res, MAX_ANSWER_BYTES, call, (answer, complete) => {
@@ -303,7 +316,7 @@ export class HttpProvider implements Provider {
     passed.push('cache-control', 'no-cache');
     ex.head(res.statusCode!, contentType, passed);
     const watcher = this.adapter.watch(ex);
-    const splitter = new SseSplitter();
+    const splitter = new SseSplitter(MAX_EVENT_CHARS);
     let ended = false;
     // While the gateway waits for a slow client (backpressure), the provider's silence is ours,
     // not its own: the idle timer then does nothing, and restarts when the client has read.
@@ -336,7 +349,15 @@ export class HttpProvider implements Provider {
       if (ended) return;
       idle.refresh();
       let out = '';
-      for (const event of splitter.push(chunk)) {
+      let events: string[];
+      try {
+        events = splitter.push(chunk);
+      } catch (err) {
+        if (!(err instanceof EventTooLarge)) throw err;
+        res.destroy();
+        return cut(`the provider sent an event over ${MAX_EVENT_CHARS} characters`);
+      }
+      for (const event of events) {
         const seen = watcher.see(event);
         if (seen.final) {
           // The final event leaves only after the charge is settled. The rest of the provider's

@@ -1,36 +1,80 @@
 import { StringDecoder } from 'node:string_decoder';
 
+/** An event (or the text before its end) grew past the splitter's bound. */
+export class EventTooLarge extends Error {
+  constructor(readonly limit: number) {
+    super(`a stream event over ${limit} characters`);
+    this.name = 'EventTooLarge';
+  }
+}
+
 /**
  * Splits a server-sent-events byte stream into whole events (each ending in a blank line),
  * so a relay can look at an event before passing it on. Multi-byte characters split across
- * chunks are kept whole; CRLF line ends are normalised to LF.
+ * chunks are kept whole; CR LF and CR line ends are normalised to LF, also when a CR LF pair
+ * is split across two chunks. Each chunk's text is scanned once (text held from earlier
+ * chunks is not scanned again, and is joined once, when its event ends), and an event may
+ * not grow past `maxEventChars`: a provider that streams one endless line is cut, not buffered.
  */
 export class SseSplitter {
   private readonly decoder = new StringDecoder('utf8');
-  private buffer = '';
+  /** Text of an event not yet ended, in the pieces it arrived in. */
+  private held: string[] = [];
+  private heldChars = 0;
+  /** The held text ends with "\n" (an event may end at the start of the next chunk). */
+  private heldEndsInLf = false;
+  /** The last chunk ended with "\r": a "\n" starting the next one belongs to it. */
+  private pendingCr = false;
 
-  /** The complete events in `chunk` (plus what was buffered), each with its trailing "\n\n". */
+  constructor(readonly maxEventChars = Infinity) {}
+
+  /** The complete events in `chunk` (plus what was held), each with its trailing "\n\n". Throws EventTooLarge. */
   push(chunk: Buffer): string[] {
     let text = this.decoder.write(chunk);
+    if (text === '') return NONE;
+    if (this.pendingCr && text.charCodeAt(0) === 10) text = text.slice(1);
+    this.pendingCr = text.charCodeAt(text.length - 1) === 13;
     if (text.includes('\r')) text = text.replace(/\r\n?/g, '\n');
-    this.buffer += text;
-    const events: string[] = [];
+    let events: string[] = NONE;
     let start = 0;
-    for (let end = this.buffer.indexOf('\n\n'); end !== -1; end = this.buffer.indexOf('\n\n', start)) {
-      events.push(this.buffer.slice(start, end + 2));
+    if (this.heldChars > 0 && this.heldEndsInLf && text.charCodeAt(0) === 10) {
+      events = [this.take('\n')];
+      start = 1;
+    }
+    for (let end = text.indexOf('\n\n', start); end !== -1; end = text.indexOf('\n\n', start)) {
+      const piece = text.slice(start, end + 2);
+      if (events === NONE) events = [];
+      events.push(this.heldChars > 0 ? this.take(piece) : piece);
       start = end + 2;
     }
-    if (start > 0) this.buffer = this.buffer.slice(start);
+    if (start < text.length) {
+      this.held.push(start === 0 ? text : text.slice(start));
+      this.heldChars += text.length - start;
+      this.heldEndsInLf = text.charCodeAt(text.length - 1) === 10;
+      if (this.heldChars > this.maxEventChars) throw new EventTooLarge(this.maxEventChars);
+    }
     return events;
   }
 
   /** Whatever is left when the stream ends (an event without its blank line), or ''. */
   rest(): string {
-    const rest = this.buffer + this.decoder.end();
-    this.buffer = '';
+    const rest = this.held.join('') + this.decoder.end();
+    this.held = [];
+    this.heldChars = 0;
     return rest.trim() === '' ? '' : `${rest.replace(/\n*$/, '')}\n\n`;
   }
+
+  /** The held text and `tail`, joined: one copy per event, however many chunks it spanned. */
+  private take(tail: string): string {
+    const event = this.held.length === 1 ? this.held[0]! + tail : this.held.join('') + tail;
+    this.held = [];
+    this.heldChars = 0;
+    this.heldEndsInLf = false;
+    return event;
+  }
 }
+
+const NONE: string[] = [];
 
 /** The `data:` payload of an event (multi-line data joined with "\n"), or null when it has none. */
 export function eventData(event: string): string | null {

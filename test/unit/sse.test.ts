@@ -1,0 +1,70 @@
+import assert from 'node:assert/strict';
+import { performance } from 'node:perf_hooks';
+import { describe, test } from 'node:test';
+import { EventTooLarge, SseSplitter } from '../../src/providers/sse.js';
+import { rng } from '../helpers/fake-clock.js';
+
+/** The reference: the whole stream at once, line ends normalised, split at blank lines. */
+function reference(stream: string): string[] {
+  const text = stream.replace(/\r\n?/g, '\n');
+  const events: string[] = [];
+  let start = 0;
+  for (let end = text.indexOf('\n\n'); end !== -1; end = text.indexOf('\n\n', start)) {
+    events.push(text.slice(start, end + 2));
+    start = end + 2;
+  }
+  return events;
+}
+
+describe('SseSplitter', () => {
+  test('property: any chunking of a stream gives the events of the whole stream (CR LF pairs and characters split included)', () => {
+    const r = rng(42);
+    const pick = <T>(xs: readonly T[]) => xs[Math.floor(r() * xs.length)]!;
+    for (let round = 0; round < 300; round++) {
+      const eol = pick(['\n', '\r\n', '\r']);
+      let stream = '';
+      const n = 1 + Math.floor(r() * 8);
+      for (let i = 0; i < n; i++) {
+        const data = Array.from({ length: Math.floor(r() * 30) }, () => pick(['a', 'é', '€', '𝄞', ' ', ':', '{', '"'])).join('');
+        stream += `event: e${i}${eol}data: ${data}${eol}${r() < 0.3 ? `data: more${eol}` : ''}${eol}`;
+      }
+      const bytes = Buffer.from(stream);
+      const splitter = new SseSplitter();
+      const got: string[] = [];
+      for (let at = 0; at < bytes.length;) {
+        const size = 1 + Math.floor(r() * r() * 40);
+        got.push(...splitter.push(bytes.subarray(at, at + size)));
+        at += size;
+      }
+      assert.deepEqual(got, reference(stream), `round ${round}: ${JSON.stringify(stream)}`);
+      assert.equal(splitter.rest(), '');
+    }
+  });
+
+  test('what is left at the end is one last event', () => {
+    const s = new SseSplitter();
+    assert.deepEqual(s.push(Buffer.from('data: a\n\ndata: b')), ['data: a\n\n']);
+    assert.equal(s.rest(), 'data: b\n\n');
+  });
+
+  test('bounded: an event longer than the bound throws, however it arrives', () => {
+    const s = new SseSplitter(1000);
+    assert.deepEqual(s.push(Buffer.from(`data: ${'x'.repeat(900)}\n\n`)), [`data: ${'x'.repeat(900)}\n\n`]);
+    s.push(Buffer.from('data: '));
+    assert.throws(() => {
+      for (let i = 0; i < 100; i++) s.push(Buffer.from('y'.repeat(50)));
+    }, EventTooLarge);
+  });
+
+  test('linear: an 8 MB event in 4 KB chunks is joined once, not rescanned per chunk', () => {
+    const s = new SseSplitter(16 * 1024 * 1024);
+    const chunk = Buffer.from('z'.repeat(4096));
+    const started = performance.now();
+    s.push(Buffer.from('data: '));
+    for (let i = 0; i < 2048; i++) s.push(chunk);
+    const [event] = s.push(Buffer.from('\n\n'));
+    const ms = performance.now() - started;
+    assert.equal(event!.length, 6 + 2048 * 4096 + 2);
+    assert.ok(ms < 2000, `${Math.round(ms)} ms (rescanning the held text per chunk takes minutes)`);
+  });
+});
