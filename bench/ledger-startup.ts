@@ -47,7 +47,7 @@ const MODELS: Array<{ id: string; inputPerMillion: number; outputPerMillion: num
   { id: 'llama-70b', inputPerMillion: 0.6, outputPerMillion: 0.6 },
 ];
 
-interface Flags {
+export interface Flags {
   records: number;
   accounts: number;
   models: number;
@@ -96,7 +96,7 @@ const accountId = (a: number) => `acct_${String(a).padStart(4, '0')}`;
 const keyId = (a: number, k: number) => `key_${String(a).padStart(4, '0')}_${k === 0 ? 'a' : 'b'}`;
 const INITIAL_CREDIT_MICRO = 1_000_000 * 1_000_000; // 1,000,000 USD: no account runs dry
 
-class History {
+export class History {
   private readonly random = rng(42) // deterministic: every run generates the same history;
   private readonly balances: number[];
   private next = 0;
@@ -168,7 +168,7 @@ async function appendAll(ledger: FileLedger, entries: LedgerEntry[]): Promise<vo
   await Promise.all(entries.map((e) => ledger.append(e)));
 }
 
-async function generate(dir: string, flags: Flags, history: History): Promise<{ ms: number; commits: number }> {
+export async function generate(dir: string, flags: Flags, history: History): Promise<{ ms: number; commits: number }> {
   const ledger = await FileLedger.open(dir);
   const t0 = performance.now();
   let nextReport = 0.1;
@@ -336,7 +336,7 @@ interface Breakdown {
 
 /**
  * Where an open's time goes, re-done step by step in a fresh process from the files and the
- * compiled LedgerBook and decodeRecord (FileLedger.open does these plus the per-account index).
+ * compiled LedgerBook and decodeRecord (FileLedger.open does these plus each account's newest position).
  */
 async function breakdown(dir: string, openSegment: string): Promise<Breakdown> {
   const script = `
@@ -357,7 +357,7 @@ const readSegmentMs = lap();
 const entries = [];
 for (let at = 0; at < data.length;) {
   const nl = data.indexOf(10, at);
-  entries.push(decodeRecord(data.toString('utf8', at, nl)));
+  entries.push(decodeRecord(data.toString('utf8', at, nl)).entry);
   at = nl + 1;
 }
 const decodeMs = lap();
@@ -498,9 +498,11 @@ async function main(): Promise<number> {
   }
 }
 
-main().then((code) => {
-  process.exitCode = code;
-}, (err: unknown) => {
-  process.stderr.write(`ledger-startup bench failed: ${(err as Error)?.stack ?? String(err)}\n`);
-  process.exitCode = 1;
-});
+if (require.main === module) {
+  main().then((code) => {
+    process.exitCode = code;
+  }, (err: unknown) => {
+    process.stderr.write(`ledger-startup bench failed: ${(err as Error)?.stack ?? String(err)}\n`);
+    process.exitCode = 1;
+  });
+}

@@ -1,16 +1,16 @@
-import { closeSync, existsSync, fsyncSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, statSync, truncateSync, writeSync } from 'node:fs';
-import { open, type FileHandle } from 'node:fs/promises';
+import { closeSync, existsSync, fsyncSync, openSync, readdirSync, readFileSync, renameSync, statSync, truncateSync, writeSync } from 'node:fs';
+import { open, readFile, type FileHandle } from 'node:fs/promises';
 import { join } from 'node:path';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import { LedgerBook } from './book.js';
 import { nodeJournalFs, type JournalFs, type JournalHandle } from './journal-fs.js';
 import { DirLock } from './lock.js';
-import { decodeRecord, encodeRecord } from './record.js';
+import { decodeRecord, encodeRecord, type Position } from './record.js';
 import type { AccountTotals, GroupBy, HistoryPage, Ledger, LedgerEntry, UsageRow } from './types.js';
 
 export interface FileLedgerOptions {
-  /** A segment is sealed (indexed, snapshotted) once it reaches this size. */
+  /** A segment is sealed (snapshotted) once it reaches this size. */
   maxSegmentBytes?: number;
   logger?: Logger;
   /** The file operations of the writer (tests inject faults: a full disk, short writes). */
@@ -31,15 +31,32 @@ const SEGMENT = /^journal-(\d{8})\.log$/;
 const segmentName = (seq: number) => `journal-${String(seq).padStart(8, '0')}.log`;
 const indexName = (seq: number) => `journal-${String(seq).padStart(8, '0')}.idx`;
 
-/** account -> flat [offset, length, offset, length, ...] of its billing entries in one segment. */
+/** The longest record billing history will read at a cursor's word (records are a few hundred bytes). */
+const MAX_RECORD_BYTES = 1024 * 1024;
+
+/**
+ * account -> flat [offset, length, offset, length, ...] of its billing entries in one segment.
+ * Only for history older than back pointers (journals written before them): such segments
+ * have an `.idx` file, or are scanned.
+ */
 type SegmentIndex = Map<string, number[]>;
 
 interface Pending {
-  line: string;
   entry: LedgerEntry;
   resolve: () => void;
   reject: (err: Error) => void;
 }
+
+/** snapshot.json. Version 1 (before back pointers) has no `last`. */
+interface Snapshot {
+  version: 1 | 2;
+  sealed: number;
+  book: unknown;
+  last?: Array<[string, Position]>;
+  complete?: boolean;
+}
+
+const badCursor = () => new GatewayError('invalid_request', { message: 'The cursor "after" is not valid.', fields: { param: 'after' } });
 
 /** The same as JournalFs.writeAtomic, for recovery at start (which runs before anything else). */
 function atomicWriteSync(path: string, text: string): void {
@@ -63,25 +80,34 @@ function atomicWriteSync(path: string, text: string): void {
 /**
  * An append-only journal in segments. Appends wait for group commit: everything appended
  * while one write+fsync runs goes out in the next one, so many requests share an fsync and
- * the event loop never waits on the disk. Sealed segments get an index (per account, for
- * billing history) and a snapshot of the aggregates, so a restart replays only the open
- * segment, however long the history.
+ * the event loop never waits on the disk. A sealed segment gets a snapshot of the aggregates,
+ * so a restart replays only the open segment, however long the history. Billing history
+ * follows each record's pointer to its account's previous one: a page costs a read per
+ * entry, whatever the size of the journal, and never blocks the event loop.
  */
 export class FileLedger implements Ledger {
   private readonly maxSegmentBytes: number;
   private readonly logger: Logger | undefined;
+  private readonly fs: JournalFs;
+  private readonly retryMs: number;
   private book = new LedgerBook();
   private seq = 0;
   private handle: JournalHandle | null = null;
-  private readonly fs: JournalFs;
-  private readonly retryMs: number;
-  private retryTimer: NodeJS.Timeout | null = null;
   private size = 0;
-  private activeIndex: SegmentIndex = new Map();
-  private readonly sealedIndexes = new Map<number, SegmentIndex>();
+  /** Each account's newest durable billing record: where its history starts. */
+  private readonly last = new Map<string, Position>();
+  /**
+   * Whether `last` knows every account with billing records. False for a journal begun before
+   * back pointers (a version-1 snapshot): an account missing from `last` may have older
+   * records, so its next record carries no pointer (its history goes on through the indexes).
+   */
+  private lastComplete = true;
+  /** Indexes of segments from before back pointers, a few kept. */
+  private readonly legacyIndexes = new Map<number, SegmentIndex>();
   private pending: Pending[] = [];
   private writing = false;
   private failure: Error | null = null;
+  private retryTimer: NodeJS.Timeout | null = null;
   private closing: Promise<void> | null = null;
   /** Group commits done and records they carried (for tests and the bench). */
   readonly stats = { commits: 0, records: 0 };
@@ -93,7 +119,6 @@ export class FileLedger implements Ledger {
     this.retryMs = options.retryMs ?? 1000;
   }
 
-  /** Opens (creating) the journal in `dir` and recovers its state. Throws LedgerCorruptError on damage. */
   /**
    * Opens (creating) the journal in `dir`, locked to this instance (LedgerLockedError when
    * another holds it), and recovers its state. Throws LedgerCorruptError on damage.
@@ -113,7 +138,7 @@ export class FileLedger implements Ledger {
   append(entry: LedgerEntry): Promise<void> {
     if (this.failure !== null) return Promise.reject(this.failure);
     return new Promise((resolve, reject) => {
-      this.pending.push({ line: encodeRecord(entry), entry, resolve, reject });
+      this.pending.push({ entry, resolve, reject });
       if (!this.writing) {
         this.writing = true;
         // One turn of the event loop gathers the appends of every request finishing in it.
@@ -142,33 +167,90 @@ export class FileLedger implements Ledger {
     return this.failure === null && this.closing === null;
   }
 
+  /** Why the ledger refuses writes now, or null (for /readyz, logs and tests). */
+  get failed(): Error | null {
+    return this.failure;
+  }
+
   /**
-   * Newest first. The cursor names the position (segment.offset) of the last entry returned,
-   * so pages stay stable while new entries arrive. Only durable entries are listed.
+   * Newest first, only durable entries. The cursor names the next entry to return
+   * (`segment.offset.length`), so pages stay stable while new entries arrive. A page costs one
+   * read per entry, following the back pointers. (A cursor `segment.offset`, from before back
+   * pointers, goes on through the segment indexes.)
    */
   async history(accountId: string, limit: number, after: string | null): Promise<HistoryPage> {
-    let below = { seq: Infinity, offset: Infinity };
-    if (after !== null) {
-      const m = /^(\d+)\.(\d+)$/.exec(after);
-      if (m === null) throw new GatewayError('invalid_request', { message: 'The cursor "after" is not valid.', fields: { param: 'after' } });
-      below = { seq: Number(m[1]), offset: Number(m[2]) };
+    const reader = new Reader(this.dir);
+    try {
+      if (after === null) {
+        const start = this.last.get(accountId);
+        if (start !== undefined) return await this.follow(reader, accountId, limit, start, true);
+        if (this.lastComplete || !this.book.totals.has(accountId)) return { entries: [], hasMore: false, nextCursor: null };
+        return await this.below(reader, accountId, limit, [Infinity, Infinity]);
+      }
+      let m = /^(\d{1,10})\.(\d{1,12})\.(\d{1,8})$/.exec(after);
+      if (m !== null) {
+        const at: Position = [Number(m[1]), Number(m[2]), Number(m[3])];
+        if (at[0] < 1 || at[0] > this.seq || at[2] > MAX_RECORD_BYTES || at[2] < 10) throw badCursor();
+        if (at[0] === this.seq && at[1] + at[2] > this.size) throw badCursor(); // past what is durable
+        return await this.follow(reader, accountId, limit, at, false);
+      }
+      m = /^(\d{1,10})\.(\d{1,12})$/.exec(after);
+      if (m === null) throw badCursor();
+      return await this.below(reader, accountId, limit, [Number(m[1]), Number(m[2])]);
+    } finally {
+      await reader.close();
     }
-    const found: Array<{ seq: number; offset: number; length: number }> = [];
-    for (let seq = Math.min(this.seq, below.seq); seq >= 1 && found.length <= limit; seq--) {
-      const index = seq === this.seq ? this.activeIndex : this.sealedIndex(seq);
-      const positions = index.get(accountId);
+  }
+
+  /** Entries from `at` down the back pointers; then, below the first record without one, through the indexes. */
+  private async follow(reader: Reader, accountId: string, limit: number, at: Position, trusted: boolean): Promise<HistoryPage> {
+    const entries: LedgerEntry[] = [];
+    let next: Position | null | undefined = at;
+    let legacyBelow: [number, number] | null = null;
+    while (next !== null && next !== undefined && entries.length < limit) {
+      const read = await reader.read(next);
+      // A cursor is the client's word: it must name a whole record of this account.
+      if (read === null || read.entry.accountId !== accountId || (read.entry.type !== 'charge' && read.entry.type !== 'credit')) {
+        if (trusted) throw new LedgerCorruptError(segmentName(next[0]), next[1], 'a billing pointer names no billing record');
+        throw badCursor();
+      }
+      trusted = true;
+      entries.push(read.entry);
+      if (read.prev === undefined) legacyBelow = [next[0], next[1]];
+      next = read.prev;
+    }
+    if (next === undefined && legacyBelow !== null) {
+      // The rest was written before back pointers: the indexes know it.
+      const older = await this.below(reader, accountId, limit - entries.length, legacyBelow);
+      return { entries: entries.concat(older.entries), hasMore: older.hasMore, nextCursor: older.nextCursor };
+    }
+    if (next === null || next === undefined) return { entries, hasMore: false, nextCursor: null };
+    return { entries, hasMore: true, nextCursor: `${next[0]}.${next[1]}.${next[2]}` };
+  }
+
+  /** History from before back pointers: the account's entries strictly below `below`, through the segment indexes. */
+  private async below(reader: Reader, accountId: string, limit: number, below: [number, number]): Promise<HistoryPage> {
+    const found: Position[] = [];
+    for (let seq = Math.min(this.seq, below[0]); seq >= 1 && found.length <= limit; seq--) {
+      const positions = (await this.legacyIndex(seq)).get(accountId);
       if (positions === undefined) continue;
       for (let i = positions.length - 2; i >= 0 && found.length <= limit; i -= 2) {
         const offset = positions[i]!;
-        if (seq === below.seq && offset >= below.offset) continue;
-        found.push({ seq, offset, length: positions[i + 1]! });
+        if (seq === below[0] && offset >= below[1]) continue;
+        found.push([seq, offset, positions[i + 1]!]);
       }
     }
     const hasMore = found.length > limit;
     if (hasMore) found.length = limit;
-    const entries = await this.readEntries(found);
-    const last = found.at(-1);
-    return { entries, hasMore, nextCursor: hasMore && last !== undefined ? `${last.seq}.${last.offset}` : null };
+    const entries: LedgerEntry[] = [];
+    for (const at of found) {
+      const read = await reader.read(at);
+      if (read === null) throw new LedgerCorruptError(segmentName(at[0]), at[1], 'checksum mismatch on read');
+      entries.push(read.entry);
+    }
+    // The next page starts below the last entry returned (with limit 0, the caller's last one).
+    const cursorAt = limit === 0 ? below : found.at(-1)!;
+    return { entries, hasMore, nextCursor: hasMore ? `${cursorAt[0]}.${cursorAt[1]}` : null };
   }
 
   close(): Promise<void> {
@@ -184,23 +266,37 @@ export class FileLedger implements Ledger {
     return this.closing;
   }
 
-  /** Why the ledger refuses writes now, or null (for /readyz, logs and tests). */
-  get failed(): Error | null {
-    return this.failure;
-  }
-
   // --- writing -------------------------------------------------------------------------------
 
   /**
    * Writes what was appended, a batch (group commit) at a time, until nothing is pending or a
    * write fails. Never throws: it runs detached, and a failure is a state (`failed`), not a crash.
+   * Records are encoded here, where their positions are known, so each billing record can point
+   * to its account's previous one (in this batch or before it).
    */
   private async flush(): Promise<void> {
     while (this.pending.length > 0 && this.failure === null) {
       const batch = this.pending;
       this.pending = [];
+      const newest = new Map<string, Position>();
+      let offset = this.size;
       let text = '';
-      for (const p of batch) text += p.line;
+      for (const p of batch) {
+        const e = p.entry;
+        if (e.type === 'usage') {
+          const line = encodeRecord(e);
+          text += line;
+          offset += Buffer.byteLength(line);
+          continue;
+        }
+        // The account's previous record; a pointer to "none" only when that is known (see lastComplete).
+        const prev = newest.get(e.accountId) ?? this.last.get(e.accountId) ?? (this.lastComplete ? null : undefined);
+        const line = encodeRecord(e, prev);
+        const length = Buffer.byteLength(line);
+        newest.set(e.accountId, [this.seq, offset, length]);
+        text += line;
+        offset += length;
+      }
       try {
         await this.writeAll(Buffer.from(text));
         await this.handle!.datasync();
@@ -208,13 +304,8 @@ export class FileLedger implements Ledger {
         await this.fail(err as Error, batch);
         break;
       }
-      let offset = this.size;
-      for (const p of batch) {
-        const length = Buffer.byteLength(p.line);
-        this.book.apply(p.entry);
-        if (p.entry.type !== 'usage') addPosition(this.activeIndex, p.entry.accountId, offset, length);
-        offset += length;
-      }
+      for (const p of batch) this.book.apply(p.entry);
+      for (const [account, at] of newest) this.last.set(account, at);
       this.size = offset;
       this.stats.commits++;
       this.stats.records += batch.length;
@@ -285,76 +376,56 @@ export class FileLedger implements Ledger {
   }
 
   /**
-   * Seals the open segment: its index, then a snapshot of the aggregates, then a new segment;
-   * the old segment's handle is closed only once the new one is open, so a seal that fails
-   * half-way leaves the writer where it was (and is simply done again).
+   * Seals the open segment: a snapshot of the aggregates and of each account's newest record,
+   * then a new segment; the old segment's handle is closed only once the new one is open, so a
+   * seal that fails half-way leaves the writer where it was (and is simply done again).
    */
   private async seal(): Promise<void> {
     const sealed = this.seq;
-    await this.fs.writeAtomic(join(this.dir, indexName(sealed)), JSON.stringify([...this.activeIndex]));
-    await this.fs.writeAtomic(join(this.dir, 'snapshot.json'), JSON.stringify({ version: 1, sealed, book: this.book.save() }));
+    const snapshot: Snapshot = { version: 2, sealed, book: this.book.save(), last: [...this.last], complete: this.lastComplete };
+    await this.fs.writeAtomic(join(this.dir, 'snapshot.json'), JSON.stringify(snapshot));
     const next = await this.fs.openAppend(join(this.dir, segmentName(sealed + 1)));
     const old = this.handle!;
-    this.sealedIndexes.set(sealed, this.activeIndex);
     this.handle = next;
     this.seq = sealed + 1;
     this.size = 0;
-    this.activeIndex = new Map();
-    this.trimIndexCache();
     await old.close().catch(() => { /* the segment is durable; its descriptor is what is lost */ });
   }
 
-  // --- reading -------------------------------------------------------------------------------
+  // --- reading history from before back pointers ----------------------------------------------
 
-  private sealedIndex(seq: number): SegmentIndex {
-    let index = this.sealedIndexes.get(seq);
-    if (index === undefined) {
-      const path = join(this.dir, indexName(seq));
-      index = existsSync(path)
-        ? new Map(JSON.parse(readFileSync(path, 'utf8')) as Array<[string, number[]]>)
-        : scanSegment(join(this.dir, segmentName(seq)), null).index;
-      this.sealedIndexes.set(seq, index);
-      this.trimIndexCache();
+  /** A segment's index, from its `.idx` file or by scanning it (asynchronously, never the open segment's stale copy). */
+  private async legacyIndex(seq: number): Promise<SegmentIndex> {
+    const cached = this.legacyIndexes.get(seq);
+    if (cached !== undefined) return cached;
+    const idx = join(this.dir, indexName(seq));
+    let index: SegmentIndex;
+    if (existsSync(idx)) {
+      index = new Map(JSON.parse(await readFile(idx, 'utf8')) as Array<[string, number[]]>);
+    } else {
+      const data = await readFile(join(this.dir, segmentName(seq)));
+      index = new Map();
+      scanRecords(data, seq === this.seq ? Math.min(this.size, data.length) : data.length, segmentName(seq), (d, offset, length) => {
+        if (d.entry.type !== 'usage') addPosition(index, d.entry.accountId, offset, length);
+      });
+      if (seq === this.seq) return index; // still growing
     }
+    this.legacyIndexes.set(seq, index);
+    while (this.legacyIndexes.size > 8) this.legacyIndexes.delete(this.legacyIndexes.keys().next().value!);
     return index;
-  }
-
-  /** Keeps the few most recently used sealed indexes in memory. */
-  private trimIndexCache(): void {
-    while (this.sealedIndexes.size > 8) this.sealedIndexes.delete(this.sealedIndexes.keys().next().value!);
-  }
-
-  private async readEntries(found: Array<{ seq: number; offset: number; length: number }>): Promise<LedgerEntry[]> {
-    const out: LedgerEntry[] = [];
-    let current = null as { seq: number; file: FileHandle } | null;
-    try {
-      for (const { seq, offset, length } of found) {
-        if (current?.seq !== seq) {
-          await current?.file.close();
-          current = { seq, file: await open(join(this.dir, segmentName(seq)), 'r') };
-        }
-        const buffer = Buffer.alloc(length);
-        await current.file.read(buffer, 0, length, offset);
-        const entry = decodeRecord(buffer.toString('utf8', 0, length - 1));
-        if (entry === null) throw new LedgerCorruptError(segmentName(seq), offset, 'checksum mismatch on read');
-        out.push(entry);
-      }
-    } finally {
-      await current?.file.close();
-    }
-    return out;
   }
 
   // --- recovery ------------------------------------------------------------------------------
 
   private async recover(): Promise<void> {
-    mkdirSync(this.dir, { recursive: true });
     let sealed = 0;
     const snapshotPath = join(this.dir, 'snapshot.json');
     if (existsSync(snapshotPath)) {
-      const snapshot = JSON.parse(readFileSync(snapshotPath, 'utf8')) as { version: number; sealed: number; book: unknown };
+      const snapshot = JSON.parse(readFileSync(snapshotPath, 'utf8')) as Snapshot;
       sealed = snapshot.sealed;
       this.book = LedgerBook.load(snapshot.book);
+      for (const [account, at] of snapshot.last ?? []) this.last.set(account, at);
+      this.lastComplete = snapshot.version >= 2 && snapshot.complete === true;
     }
     const seqs = readdirSync(this.dir).map((f) => SEGMENT.exec(f)).filter((m) => m !== null).map((m) => Number(m[1])).sort((a, b) => a - b);
     const open_ = seqs.filter((s) => s > sealed);
@@ -362,7 +433,11 @@ export class FileLedger implements Ledger {
       const seq = open_[i]!;
       const last = i === open_.length - 1;
       const path = join(this.dir, segmentName(seq));
-      const { index, size, torn } = scanSegment(path, (e) => this.book.apply(e));
+      const data = readFileSync(path);
+      const { size, torn } = scanRecords(data, data.length, path, (d, offset, length) => {
+        this.book.apply(d.entry);
+        if (d.entry.type !== 'usage') this.last.set(d.entry.accountId, [seq, offset, length]);
+      });
       if (torn !== null) {
         if (!last) throw new LedgerCorruptError(segmentName(seq), size, torn);
         this.logger?.warn('ledger: cut off a torn last record (a crash during a write)', { file: segmentName(seq), offset: size, reason: torn });
@@ -371,14 +446,12 @@ export class FileLedger implements Ledger {
       if (last) {
         this.seq = seq;
         this.size = size;
-        this.activeIndex = index;
       } else {
         // A segment left unsealed by a crash during sealing: seal it now. If the disk refuses
         // (full), start anyway: the segment is replayed again at the next start.
-        this.sealedIndexes.set(seq, index);
         try {
-          atomicWriteSync(join(this.dir, indexName(seq)), JSON.stringify([...index]));
-          atomicWriteSync(snapshotPath, JSON.stringify({ version: 1, sealed: seq, book: this.book.save() }));
+          const snapshot: Snapshot = { version: 2, sealed: seq, book: this.book.save(), last: [...this.last], complete: this.lastComplete };
+          atomicWriteSync(snapshotPath, JSON.stringify(snapshot));
         } catch (err) {
           this.logger?.warn('ledger: could not seal a segment at start; it is replayed again next time', {
             file: segmentName(seq), error: (err as Error).message,
@@ -389,7 +462,35 @@ export class FileLedger implements Ledger {
     if (this.seq === 0) this.seq = Math.max(sealed, seqs.at(-1) ?? 0) + 1;
     this.handle = await this.fs.openAppend(join(this.dir, segmentName(this.seq)));
     if (this.seq !== open_.at(-1)) this.size = statSync(join(this.dir, segmentName(this.seq))).size;
-    this.trimIndexCache();
+  }
+}
+
+/** Reads records at positions, a file handle per segment, for one history call. */
+class Reader {
+  private readonly files = new Map<number, FileHandle>();
+
+  constructor(private readonly dir: string) {}
+
+  /** The record at `at`, or null when there is no whole, valid record there. */
+  async read(at: Position): Promise<ReturnType<typeof decodeRecord>> {
+    let file = this.files.get(at[0]);
+    if (file === undefined) {
+      try {
+        file = await open(join(this.dir, segmentName(at[0])), 'r');
+      } catch {
+        return null;
+      }
+      this.files.set(at[0], file);
+    }
+    const buffer = Buffer.alloc(at[2]);
+    const { bytesRead } = await file.read(buffer, 0, at[2], at[1]);
+    if (bytesRead !== at[2] || buffer[at[2] - 1] !== 10) return null;
+    return decodeRecord(buffer.toString('utf8', 0, at[2] - 1));
+  }
+
+  async close(): Promise<void> {
+    for (const file of this.files.values()) await file.close().catch(() => {});
+    this.files.clear();
   }
 }
 
@@ -403,25 +504,24 @@ function addPosition(index: SegmentIndex, accountId: string, offset: number, len
 }
 
 /**
- * Reads a whole segment, checking every record. Returns its billing index, the size of its
- * valid prefix, and why the rest is invalid (null when the whole file is valid). Damage is
+ * Reads the records of a segment's first `end` bytes, checking every one. Returns the size of
+ * its valid prefix, and why the rest is invalid (null when all of it is valid). Damage is
  * tolerated only as a torn tail: an invalid record followed by nothing but its own bytes.
  */
-function scanSegment(path: string, apply: ((e: LedgerEntry) => void) | null): { index: SegmentIndex; size: number; torn: string | null } {
-  const data = readFileSync(path);
-  const index: SegmentIndex = new Map();
+function scanRecords(
+  data: Buffer, end: number, name: string, each: (d: NonNullable<ReturnType<typeof decodeRecord>>, offset: number, length: number) => void,
+): { size: number; torn: string | null } {
   let offset = 0;
-  while (offset < data.length) {
+  while (offset < end) {
     const nl = data.indexOf(10, offset);
-    if (nl === -1) return { index, size: offset, torn: 'last record has no end of line' };
-    const entry = decodeRecord(data.toString('utf8', offset, nl));
-    if (entry === null) {
-      if (nl === data.length - 1) return { index, size: offset, torn: 'last record fails its checksum' };
-      throw new LedgerCorruptError(path, offset, 'record fails its checksum');
+    if (nl === -1 || nl >= end) return { size: offset, torn: 'last record has no end of line' };
+    const decoded = decodeRecord(data.toString('utf8', offset, nl));
+    if (decoded === null) {
+      if (nl === end - 1) return { size: offset, torn: 'last record fails its checksum' };
+      throw new LedgerCorruptError(name, offset, 'record fails its checksum');
     }
-    apply?.(entry);
-    if (entry.type !== 'usage') addPosition(index, entry.accountId, offset, nl + 1 - offset);
+    each(decoded, offset, nl + 1 - offset);
     offset = nl + 1;
   }
-  return { index, size: offset, torn: null };
+  return { size: offset, torn: null };
 }

@@ -42,7 +42,9 @@ describe('journal records', () => {
     const e = charge('a', 5, T0, { note: 'ünïcode ✓', estimated: true });
     const line = encodeRecord(e);
     assert.ok(line.endsWith('\n'));
-    assert.deepEqual(decodeRecord(line.slice(0, -1)), e);
+    assert.deepEqual(decodeRecord(line.slice(0, -1)), { entry: e, prev: undefined });
+    assert.deepEqual(decodeRecord(encodeRecord(e, [3, 1200, 180]).slice(0, -1)), { entry: e, prev: [3, 1200, 180] });
+    assert.deepEqual(decodeRecord(encodeRecord(e, null).slice(0, -1)), { entry: e, prev: null });
     assert.equal(decodeRecord(line.slice(0, -1).replace('"m":-5', '"m":-6')), null);
     assert.equal(decodeRecord(line.slice(0, 20)), null);
     assert.equal(decodeRecord(''), null);
@@ -193,7 +195,7 @@ describe('file ledger', () => {
     const files = readdirSync(dir);
     assert.ok(files.filter((f) => f.endsWith('.log')).length > 3, 'several segments');
     assert.ok(files.includes('snapshot.json'));
-    assert.ok(files.some((f) => f.endsWith('.idx')));
+    assert.ok(!files.some((f) => f.endsWith('.idx')), 'history follows back pointers: no index files');
 
     const second = await FileLedger.open(dir, { maxSegmentBytes: 1500, logger: quiet });
     assert.deepEqual(second.totals().get('a'), { balanceMicro: 9600, day: Math.floor(T0 / DAY_MS), spentMicro: 400, credited: true });
@@ -201,8 +203,8 @@ describe('file ledger', () => {
     const d = Math.floor(T0 / DAY_MS);
     assert.equal(second.usage('a', d, d, 'day')[0]!.requests, 40);
     await second.close();
-    // Sealed indexes are read back from disk, or rebuilt if one is missing.
-    for (const f of readdirSync(dir).filter((x) => x.endsWith('.idx')).slice(0, 1)) rmSync(join(dir, f));
+    // Without its snapshot, the journal is replayed whole and history is the same.
+    rmSync(join(dir, 'snapshot.json'));
     const third = await FileLedger.open(dir, { maxSegmentBytes: 1500, logger: quiet });
     assert.equal((await allPages(third, 'a', 100)).length, 41);
     await third.close();
@@ -257,5 +259,78 @@ describe('file ledger', () => {
     await assert.rejects(ledger.append(charge('a', 1)), /ledger write failed/);
     assert.equal(ledger.ready(), false);
     await assert.rejects(ledger.append(charge('a', 1)), /ledger write failed/);
+  });
+});
+
+describe('file ledger: billing history by back pointers', () => {
+  /** A journal as the version before back pointers wrote it: a sealed segment with its index and a v1 snapshot, then an open one. */
+  function legacyJournal(dir: string, sealedEntries: LedgerEntry[], openEntries: LedgerEntry[]): void {
+    const index = new Map<string, number[]>();
+    let text = '';
+    for (const e of sealedEntries) {
+      const line = encodeRecord(e);
+      if (e.type !== 'usage') index.set(e.accountId, [...(index.get(e.accountId) ?? []), Buffer.byteLength(text), Buffer.byteLength(line)]);
+      text += line;
+    }
+    writeFileSync(join(dir, 'journal-00000001.log'), text);
+    writeFileSync(join(dir, 'journal-00000001.idx'), JSON.stringify([...index]));
+    const book = new LedgerBook();
+    for (const e of sealedEntries) book.apply(e);
+    writeFileSync(join(dir, 'snapshot.json'), JSON.stringify({ version: 1, sealed: 1, book: book.save() }));
+    writeFileSync(join(dir, 'journal-00000002.log'), openEntries.map((e) => encodeRecord(e)).join(''));
+  }
+
+  test('a journal written before back pointers: old and new entries page together, old cursors still work', async () => {
+    const dir = tmp();
+    const mixed = (n: number) => Array.from({ length: n }, (_, i) => charge(i % 3 === 0 ? 'b' : 'a', 1 + i));
+    const sealed = mixed(30);
+    const open = mixed(12);
+    legacyJournal(dir, sealed, open);
+    const expected = [...sealed, ...open].filter((e) => e.accountId === 'a').map((e) => e.id);
+    let ledger = await FileLedger.open(dir, { maxSegmentBytes: 4000, logger: quiet });
+    // An old-format cursor (segment.offset of the last entry returned) from before the upgrade.
+    const firstOld = await ledger.history('a', 5, null);
+    assert.deepEqual(firstOld.entries.map((e) => e.id), [...expected].reverse().slice(0, 5));
+    for (let i = 0; i < 25; i++) {
+      const e = charge(i % 2 === 0 ? 'a' : 'c', 100 + i);
+      if (e.accountId === 'a') expected.push(e.id);
+      await ledger.append(e);
+    }
+    await ledger.close();
+    ledger = await FileLedger.open(dir, { maxSegmentBytes: 4000, logger: quiet });
+    for (let i = 0; i < 7; i++) {
+      const e = charge('a', 200 + i);
+      expected.push(e.id);
+      await ledger.append(e);
+    }
+    for (const limit of [1, 4, 9, 100]) {
+      assert.deepEqual((await allPages(ledger, 'a', limit)).map((e) => e.id), [...expected].reverse(), `limit ${limit}`);
+    }
+    assert.equal((await allPages(ledger, 'c', 3)).length, 12);
+    assert.equal((await allPages(ledger, 'b', 2)).length, sealed.concat(open).filter((e) => e.accountId === 'b').length);
+    const legacy = /^\d+\.\d+$/;
+    const pages: string[] = [];
+    for (let after: string | null = null, i = 0; i < 100; i++) {
+      const page: Awaited<ReturnType<FileLedger['history']>> = await ledger.history('a', 6, after);
+      if (page.nextCursor !== null) pages.push(page.nextCursor);
+      if (!page.hasMore) break;
+      after = page.nextCursor;
+    }
+    assert.ok(pages.some((c) => legacy.test(c)) && pages.some((c) => !legacy.test(c)), `both kinds of cursor: ${pages.join(' ')}`);
+    await ledger.close();
+  });
+
+  test('a cursor names a whole record of this account, within what is durable, or it is refused', async () => {
+    const ledger = await FileLedger.open(tmp(), { logger: quiet });
+    for (let i = 0; i < 6; i++) await ledger.append(charge(i % 2 === 0 ? 'a' : 'b', 1));
+    const page = await ledger.history('a', 1, null);
+    const [seq, offset, length] = page.nextCursor!.split('.').map(Number) as [number, number, number];
+    const theirs = (await ledger.history('b', 1, null)).nextCursor!;
+    for (const cursor of [theirs, `${seq}.${offset + 1}.${length}`, `${seq}.${offset}.${length + 1}`, `${seq}.${offset}.99999999`,
+      `${seq + 1}.0.200`, `${seq}.9999999.200`, 'x', '1.2.3.4', '']) {
+      await assert.rejects(async () => ledger.history('a', 5, cursor), (err: Error) => /cursor/.test(err.message), cursor);
+    }
+    assert.equal((await ledger.history('a', 5, page.nextCursor)).entries.length, 2);
+    await ledger.close();
   });
 });
