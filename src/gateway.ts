@@ -7,7 +7,6 @@ import { Directory, type AccountEntry } from './directory.js';
 import { GatewayError } from './errors.js';
 import { RequestContext, validIdempotencyKey } from './http/context.js';
 import { sendError, sendErrorSpec } from './http/reply.js';
-import { newEntryId } from './ledger/entry-id.js';
 import { MemoryLedger } from './ledger/memory.js';
 import type { Ledger, LedgerEntry } from './ledger/types.js';
 import { MemoryLimiter } from './limiter/memory.js';
@@ -19,11 +18,13 @@ import type { Provider } from './providers/types.js';
 import { Watchlist } from './providers/watchlist.js';
 import { Router } from './router.js';
 import { Credits } from './admin/credits.js';
+import { creditEntry } from './billing/entries.js';
 import { AdminStore, cloneAdminState, overlay, type AdminState } from './admin/state.js';
 import { registerAccountRoutes } from './routes/account.js';
 import { registerAdminRoutes } from './routes/admin.js';
 import { registerCompletionRoutes } from './routes/completions.js';
 import { registerModelRoutes } from './routes/models.js';
+import type { RouteHost } from './routes/host.js';
 import { registerProbeRoutes } from './routes/probes.js';
 
 export interface GatewayOptions {
@@ -40,12 +41,12 @@ export interface GatewayOptions {
  * The gateway: config, limiter, ledger and providers composed behind one request handler
  * that plugs into any node:http server. Knows the order of things; each piece knows its job.
  */
-export class Gateway {
+export class Gateway implements RouteHost {
   readonly clock: Clock;
   readonly logger: Logger;
   readonly limiter: Limiter;
   readonly ledger: Ledger;
-  readonly router = new Router<Gateway>();
+  readonly router = new Router<RouteHost>();
   readonly metrics: Metrics;
   directory: Directory;
   providers: Map<string, Provider>;
@@ -275,11 +276,17 @@ export class Gateway {
   }
 
   /**
-   * Records a ledger entry (its id from newEntryId, written first in the literal so every
-   * entry has one shape); a promise resolves when it is durable.
+   * Records a ledger entry (built by billing/entries.ts, so every entry has one shape); a
+   * promise resolves when it is durable. A failure is logged here (callers that do not wait
+   * for durability need not handle it).
    */
   record(entry: LedgerEntry): void | Promise<void> {
-    const done = this.ledger.append(entry);
+    let done: void | Promise<void>;
+    try {
+      done = this.ledger.append(entry);
+    } catch (err) {
+      done = Promise.reject(err); // a ledger that throws must not take the caller (a release, say) with it
+    }
     if (done instanceof Promise) {
       done.catch((err: unknown) => this.logger.error('ledger append failed', { request_id: entry.requestId, error: String(err) }));
     }
@@ -305,11 +312,10 @@ export class Gateway {
     // Recorded even when it is 0: the entry is how a restart knows the account was credited.
     const write = (balance: number | null) => {
       if (balance === null) return;
-      void this.record({
-        id: newEntryId(), type: 'credit', accountId: account.id, keyId: null, amountMicro: account.initialCreditMicro, balanceAfterMicro: balance,
-        createdAt: this.clock.now(), requestId: null, model: null, inputTokens: 0, outputTokens: 0, estimated: false,
-        note: 'initial balance from config', idempotencyKey: null,
-      });
+      void this.record(creditEntry({
+        accountId: account.id, amountMicro: account.initialCreditMicro, balanceAfterMicro: balance, at: this.clock.now(),
+        requestId: null, note: 'initial balance from config', idempotencyKey: null,
+      }));
     };
     const credited = this.limiter.creditOnce(account.id, account.initialCreditMicro);
     if (!(credited instanceof Promise)) return write(credited);

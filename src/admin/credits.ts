@@ -1,6 +1,6 @@
 import type { AccountEntry } from '../directory.js';
 import { GatewayError } from '../errors.js';
-import { newEntryId } from '../ledger/entry-id.js';
+import { creditEntry } from '../billing/entries.js';
 import type { Ledger, LedgerEntry } from '../ledger/types.js';
 import type { Limiter } from '../limiter/types.js';
 import type { Logger } from '../log.js';
@@ -68,11 +68,10 @@ export class Credits {
   private async make(request: CreditRequest): Promise<LedgerEntry> {
     const { account, amountMicro } = request;
     const before = await this.ctx.limiter.snapshot(account);
-    const entry: LedgerEntry = {
-      id: newEntryId(), type: 'credit', accountId: account.id, keyId: null, amountMicro,
-      balanceAfterMicro: addMicro(before.balanceMicro ?? 0, amountMicro), createdAt: this.ctx.now(), requestId: request.requestId,
-      model: null, inputTokens: 0, outputTokens: 0, estimated: false, note: request.note, idempotencyKey: request.idempotencyKey,
-    };
+    const entry = creditEntry({
+      accountId: account.id, amountMicro, balanceAfterMicro: addMicro(before.balanceMicro ?? 0, amountMicro), at: this.ctx.now(),
+      requestId: request.requestId, note: request.note, idempotencyKey: request.idempotencyKey,
+    });
     try {
       await this.ctx.ledger.append(entry); // durable first: if this fails, nothing was credited
     } catch (err) {

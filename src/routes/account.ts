@@ -1,6 +1,6 @@
 import { DAY_MS } from '../clock.js';
 import { GatewayError } from '../errors.js';
-import type { Gateway } from '../gateway.js';
+import type { RouteHost } from './host.js';
 import { sendJson } from '../http/reply.js';
 import type { GroupBy, LedgerEntry } from '../ledger/types.js';
 import { microToUsd } from '../money.js';
@@ -22,7 +22,7 @@ function badParam(param: string, message: string): GatewayError {
   return new GatewayError('invalid_request', { message, fields: { param } });
 }
 
-export function registerAccountRoutes(router: Router<Gateway>): void {
+export function registerAccountRoutes(router: Router<RouteHost>): void {
   router.add('/v1/balance', {
     auth: true,
     methods: {

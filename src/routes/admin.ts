@@ -3,7 +3,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { boolField, capField, ENTITY_ID, ENTITY_ID_RULE, limitField, modelsField, type Field } from '../config/fields.js';
 import type { AccountConfig, Limit, PlanConfig } from '../config/types.js';
 import { GatewayError } from '../errors.js';
-import type { Gateway } from '../gateway.js';
+import type { RouteHost } from './host.js';
 import { readBodyAsync } from '../http/body.js';
 import type { RequestContext } from '../http/context.js';
 import { sendError, sendJson } from '../http/reply.js';
@@ -18,7 +18,7 @@ function bad(param: string, message: string): GatewayError {
 }
 
 /** Reads a JSON object body with only `allowed` fields, then runs `then`; every failure is answered. */
-function withBody(gw: Gateway, ctx: RequestContext, req: IncomingMessage, res: ServerResponse, allowed: string[],
+function withBody(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse, allowed: string[],
   then: (body: Body) => Promise<void> | void): void {
   readBodyAsync(req, gw.config.server.maxBodyBytes).then(async (result) => {
     try {
@@ -53,7 +53,7 @@ function field<T>(body: Body, name: string, rule: (v: unknown) => Field<T>): T |
   return r.value;
 }
 
-function modelsOf(gw: Gateway, body: Body): string[] | null | undefined {
+function modelsOf(gw: RouteHost, body: Body): string[] | null | undefined {
   const v = body.models;
   if (v === undefined) return undefined;
   if (v === null) return null;
@@ -78,7 +78,7 @@ const noKey = (id: string) => new GatewayError('not_found', { message: `No key "
 const usdOrUnlimited = (v: Limit | undefined) => (v === undefined ? null : v === null ? 'unlimited' : microToUsd(v));
 const limitOrUnlimited = (v: Limit | undefined) => (v === undefined ? null : v === null ? 'unlimited' : v);
 
-function keyObject(gw: Gateway, id: string) {
+function keyObject(gw: RouteHost, id: string) {
   const k = gw.config.keys.get(id)!;
   const created = gw.admin.state.keys.get(id)?.createdAt;
   return {
@@ -91,7 +91,7 @@ function planObject(p: PlanConfig) {
   return { name: p.name, rpm: p.rpm, concurrency: p.concurrency, dailyCapUsd: p.dailyCapMicro === null ? null : microToUsd(p.dailyCapMicro) };
 }
 
-function sendAccount(gw: Gateway, ctx: RequestContext, res: ServerResponse, id: string): void {
+function sendAccount(gw: RouteHost, ctx: RequestContext, res: ServerResponse, id: string): void {
   const a = gw.config.accounts.get(id)!;
   const entry = gw.directory.accounts.get(id)!;
   gw.decide(ctx, res, gw.limiter.snapshot(entry), (snap) => sendJson(ctx, res, 200, JSON.stringify({
@@ -101,7 +101,7 @@ function sendAccount(gw: Gateway, ctx: RequestContext, res: ServerResponse, id: 
   }), gw.done));
 }
 
-export function registerAdminRoutes(router: Router<Gateway>): void {
+export function registerAdminRoutes(router: Router<RouteHost>): void {
   router.add('/admin/v1/keys', {
     admin: true,
     methods: {

@@ -1,8 +1,8 @@
-import type { Gateway } from '../gateway.js';
+import type { RouteHost } from './host.js';
 import { sendError, sendJson } from '../http/reply.js';
 import type { Router } from '../router.js';
 
-export function registerModelRoutes(router: Router<Gateway>): void {
+export function registerModelRoutes(router: Router<RouteHost>): void {
   // The hottest path: the answer is precomputed per key; admission is synchronous in memory.
   router.add('/v1/models', {
     auth: true,

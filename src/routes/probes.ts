@@ -1,4 +1,4 @@
-import type { Gateway } from '../gateway.js';
+import type { RouteHost } from './host.js';
 import { baseHeaders, sendError, sendJson } from '../http/reply.js';
 import type { Router } from '../router.js';
 
@@ -6,7 +6,7 @@ import type { Router } from '../router.js';
 const OK = Buffer.from('{"status":"ok"}');
 const READY = Buffer.from('{"status":"ready"}');
 
-export function registerProbeRoutes(router: Router<Gateway>): void {
+export function registerProbeRoutes(router: Router<RouteHost>): void {
   router.add('/healthz', {
     methods: { GET: (gw, ctx, _req, res) => sendJson(ctx, res, 200, OK, gw.done) },
   });
