@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { promisify } from 'node:util';
-import { testConfig } from '../helpers/gateway.js';
+import { testConfig, until } from '../helpers/gateway.js';
 import { spawnListening, type Spawned } from '../helpers/spawn.js';
 
 const run = promisify(execFile);
@@ -40,8 +40,8 @@ describe('CLI', () => {
       const chatLine = banner.split('\n').map((l) => l.trim()).find((l) => l.startsWith('curl') && l.includes('/chat/completions'));
       const chat = JSON.parse((await run('sh', ['-c', chatLine!])).stdout) as { choices: Array<{ message: { content: string } }> };
       assert.equal(chat.choices[0]!.message.content, 'Hello, gateway');
-      // stdout holds JSON lines only.
-      await new Promise((r) => setTimeout(r, 50));
+      // stdout holds JSON lines only (the access line of the chat call included, once flushed).
+      await until(() => gw.stdout().includes('"path":"/v1/chat/completions"'), 5000, 'the access line');
       for (const line of gw.stdout().trim().split('\n')) JSON.parse(line);
     } finally {
       gw.child.kill('SIGTERM');
@@ -140,7 +140,7 @@ describe('CLI', () => {
     });
     const res = await stream;
     gw.child.kill('SIGTERM');
-    await new Promise((r) => setTimeout(r, 100));
+    await until(() => gw.stdout().includes('"msg":"draining"'), 5000, 'draining');
     const ready = await fetch(`${gw.url}/readyz`);
     assert.equal(ready.status, 503);
     assert.deepEqual(await ready.json(), { status: 'not_ready', reason: 'draining' });

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
 import { after, before, describe, test } from 'node:test';
-import { auth, chatBody, entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
+import { auth, chatBody, entriesOf, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
 /** Every error answer: the envelope, the request id in body and header, and the retry hint. */
 async function expectError(res: Response, status: number, code: string, retry: string | null = status >= 500 || status === 429 ? 'true' : 'false') {
@@ -147,7 +147,7 @@ describe('HTTP contract over a real socket', () => {
     await expectError(await postJson(url, 'sk-alice', chatBody('echo-1'), { 'idempotency-key': 'a'.repeat(256) }), 400, 'invalid_idempotency_key');
     await expectError(await postJson(url, 'sk-alice', chatBody('echo-1'), { 'idempotency-key': 'has space' }), 400, 'invalid_idempotency_key');
     const original = postJson(url, 'sk-alice', chatBody('slow-1'), { 'idempotency-key': 'order-42' });
-    await new Promise((r) => setTimeout(r, 100));
+    await until(() => gw.gateway.inFlight === 1, 5000, 'the original in flight');
     const dup = await postJson(url, 'sk-alice', chatBody('slow-1'), { 'idempotency-key': 'order-42' });
     await expectError(dup, 409, 'idempotency_conflict');
     // The same key under another account is independent.
@@ -232,7 +232,7 @@ describe('limits end to end', () => {
     try {
       const slow = [postJson(`${gw.url}/v1/chat/completions`, 'sk-bob', chatBody('slow-1')),
         postJson(`${gw.url}/v1/chat/completions`, 'sk-bob', chatBody('slow-1'))];
-      await new Promise((r) => setTimeout(r, 100));
+      await until(() => gw.gateway.inFlight === 2, 5000, 'both slow calls in flight');
       const res = await fetch(`${gw.url}/v1/models`, { headers: auth('sk-bob') });
       assert.equal(res.headers.get('retry-after'), '1');
       await expectError(res, 429, 'concurrency_limit_exceeded');

@@ -5,7 +5,7 @@ import {
   anthropicMessage, anthropicStream, FakeUpstream, json, openaiCompletion, openaiStream,
 } from '../helpers/fake-upstream.js';
 import { estimateInputTokens } from '../../src/providers/estimate.js';
-import { chatBody, entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
+import { chatBody, entriesOf, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
 const PRICE = { inputPerMillion: 1, outputPerMillion: 2, cacheReadPerMillion: 0.5, cacheWritePerMillion: 4 };
 
@@ -247,7 +247,7 @@ describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
     up.queue.push((_req, res) => setTimeout(() => json(res, 200, openaiCompletion('slow')), 200));
     const hits = up.hits;
     const first = postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody('gpt-x'), { 'idempotency-key': 'once' });
-    await new Promise((r) => setTimeout(r, 50));
+    await until(() => up.hits === hits + 1, 5000, 'the first call at the provider');
     const dup = await postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody('gpt-x'), { 'idempotency-key': 'once' });
     assert.equal(dup.status, 409);
     assert.equal((await first).status, 200);

@@ -3,7 +3,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { chatBody, testConfig } from '../helpers/gateway.js';
+import { chatBody, testConfig, until } from '../helpers/gateway.js';
 import { hasRedis, RedisServer } from '../helpers/redis-server.js';
 import { spawnListening, type Spawned } from '../helpers/spawn.js';
 
@@ -64,8 +64,10 @@ describe('three gateway instances sharing one Redis', { skip: hasRedis ? false :
 
   test('a plan change (SIGHUP on every instance) applies to the next request and keeps the counters', async () => {
     write(35);
+    const reloads = (i: Instance) => i.stdout().split('"msg":"config reloaded"').length;
+    const before = instances.map(reloads);
     for (const i of instances) i.child.kill('SIGHUP');
-    await new Promise((r) => setTimeout(r, 300));
+    await until(() => instances.every((i, n) => reloads(i) > before[n]!), 5000, 'every instance reloaded');
     const results = await Promise.all(instances.flatMap((i) =>
       Array.from({ length: 4 }, () => fetch(`${i.url}/v1/models`, { headers: { 'x-api-key': 'sk-r' } }).then(async (r) => { await r.text(); return r.status; }))));
     assert.equal(count(results, 200), 5);
@@ -95,7 +97,8 @@ describe('three gateway instances sharing one Redis', { skip: hasRedis ? false :
     const victim = await startInstance(configFile);
     // These die with the victim; their failure is expected.
     const held = Array.from({ length: 4 }, () => call(victim.url, 'sk-c', chatBody('slow-1')).catch(() => null));
-    await new Promise((r) => setTimeout(r, 150));
+    const inFlight = async () => Number(/mg_in_flight_requests (\d+)/.exec(await (await fetch(`${victim.url}/metrics`)).text())?.[1]);
+    await until(async () => (await inFlight()) === 4, 5000, 'the victim holding four slots');
     victim.child.kill('SIGKILL');
     await victim.exited;
     await Promise.allSettled(held);

@@ -2,7 +2,7 @@ import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { startGateway, testConfig, type Running } from '../helpers/gateway.js';
+import { startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
 /** Access-log lines of the gateway, parsed. */
 function accessLog(gw: Running): Array<Record<string, unknown>> {
@@ -64,7 +64,7 @@ describe('the official SDKs as clients', () => {
   test('a 409 idempotency conflict is not retried by the SDK', async () => {
     const slow = openai.chat.completions.create({ model: 'slow-1', messages: [{ role: 'user', content: 'a' }] },
       { headers: { 'Idempotency-Key': 'sdk-dup' } });
-    await new Promise((r) => setTimeout(r, 100));
+    await until(() => gw.gateway.inFlight === 1, 5000, 'the original in flight');
     const before = accessLog(gw).length;
     await assert.rejects(
       openai.chat.completions.create({ model: 'slow-1', messages: [{ role: 'user', content: 'a' }] }, { headers: { 'Idempotency-Key': 'sdk-dup' } }),
@@ -81,7 +81,7 @@ describe('the official SDKs as clients', () => {
       method: 'POST', headers: { 'x-api-key': 'sk-sdk', 'content-type': 'application/json' },
       body: JSON.stringify({ model: 'slow-1', messages: [{ role: 'user', content: 'hold' }] }),
     });
-    await new Promise((r) => setTimeout(r, 50));
+    await until(() => gw.gateway.inFlight === 1, 5000, 'the slot held');
     const before = accessLog(gw).length;
     const started = Date.now();
     const completion = await anthropic.messages.create({ model: 'echo-1', max_tokens: 10, messages: [{ role: 'user', content: 'eventually' }] });

@@ -86,8 +86,7 @@ function conformance(name: string, make: () => Promise<Limiter>, teardown: () =>
       lim.release(t1 as Ticket);
       await lim.settle(t2 as Ticket, 0);
       lim.release(t2 as Ticket);
-      await new Promise((r) => setTimeout(r, 20));
-      assert.equal((await lim.snapshot(a)).inFlight, 0);
+      await waitFor(async () => (await lim.snapshot(a)).inFlight === 0);
       assert.equal(reason(await admit(a, k)), 'ok');
     });
 
