@@ -1,4 +1,4 @@
-import { hash } from 'node:crypto';
+import { hash, randomUUID } from 'node:crypto';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { performance } from 'node:perf_hooks';
 import { systemClock, type Clock } from './clock.js';
@@ -143,8 +143,9 @@ export class Gateway implements RouteHost {
   }
 
   private apply(config: GatewayConfig): void {
+    const previous = this.directory;
     this.directory = new Directory(config, this.createdS);
-    this.creditNewAccounts();
+    this.creditNewAccounts(previous);
   }
 
   /** Whether a presented key is the admin key (compared by hash). */
@@ -302,13 +303,22 @@ export class Gateway implements RouteHost {
   }
 
   /** An account's `balanceUsd` is credited once, when it first appears (the limiter's store decides). */
-  private creditNewAccounts(): void {
+  /**
+   * Offers the initial credit to the prepaid accounts: all of them at start, then those new or
+   * newly prepaid since `previous` (the store gives it once in any case; this spares a shared
+   * store a round trip per account on every change).
+   */
+  private creditNewAccounts(previous?: Directory): void {
     for (const account of this.directory.accounts.values()) {
-      if (account.prepaid) this.creditOnce(account);
+      if (account.prepaid && previous?.accounts.get(account.id)?.prepaid !== true) this.creditOnce(account);
     }
   }
 
-  private creditOnce(account: AccountEntry): void {
+  /**
+   * `attempt` is kept across the retries of one attempt: with a shared store, a first try that
+   * timed out may have succeeded, and its retry must still record the credit.
+   */
+  private creditOnce(account: AccountEntry, attempt = this.limiter.restoresFromLedger ? '' : randomUUID()): void {
     // Recorded even when it is 0: the entry is how a restart knows the account was credited.
     const write = (balance: number | null) => {
       if (balance === null) return;
@@ -317,12 +327,12 @@ export class Gateway implements RouteHost {
         requestId: null, note: 'initial balance from config', idempotencyKey: null,
       }));
     };
-    const credited = this.limiter.creditOnce(account.id, account.initialCreditMicro);
+    const credited = this.limiter.creditOnce(account.id, account.initialCreditMicro, attempt);
     if (!(credited instanceof Promise)) return write(credited);
     credited.then(write, (err) => {
       // The shared store is away (start-up before Redis answers): try again shortly.
       this.logger.warn('initial credit deferred: limiter store unavailable', { account_id: account.id, error: String(err) });
-      setTimeout(() => this.creditOnce(account), 1000).unref();
+      setTimeout(() => this.creditOnce(account, attempt), 1000).unref();
     });
   }
 }

@@ -98,8 +98,14 @@ export class Credits {
     for (const entry of this.ctx.ledger.recentCredits()) this.goLive(entry).catch(() => this.retryLive(entry));
   }
 
+  /**
+   * A shared store applies each credit once by this id: its Idempotency-Key when it has one (so
+   * the same credit asked of two instances, each with its own ledger, raises the shared balance
+   * once), else its entry id.
+   */
   private async goLive(entry: LedgerEntry): Promise<void> {
-    await this.ctx.limiter.credit(entry.accountId, entry.amountMicro, entry.id);
+    const creditId = entry.idempotencyKey !== null ? `k:${entry.idempotencyKey}` : `e:${entry.id}`;
+    await this.ctx.limiter.credit(entry.accountId, entry.amountMicro, creditId);
   }
 
   private retryLive(entry: LedgerEntry): void {

@@ -1,4 +1,5 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import type { Clock } from '../clock.js';
 import type { ModelEntry } from '../directory.js';
 import { ERRORS, type ErrorCode, type ErrorDetails, type ErrorSpec } from '../errors.js';
@@ -60,6 +61,8 @@ export class BilledCall implements Exchange {
   /** Armed while the client is not reading what it was sent, on the list it was first armed on. */
   private clientWatch: Watch | null = null;
   private clientList: Watchlist | null = null;
+  /** Bytes of the client's socket the kernel had taken when the watch was last armed. */
+  private taken = 0;
 
   constructor(
     private readonly gw: CallHost,
@@ -233,12 +236,22 @@ export class BilledCall implements Exchange {
     });
   }
 
-  /** The client stopped reading: from now on the call waits for it, at most clientIdleTimeoutMs. */
+  /**
+   * The client stopped reading: from now on the call waits for it. It is cut only when a whole
+   * `clientIdleTimeoutMs` passes in which it read nothing (the bytes waiting for it did not go
+   * down): a client still reading a large answer slowly keeps going.
+   */
   private waitForClient(): void {
     // The list of the config this call started under: a reload may swap the gateway's list.
     const list = (this.clientList ??= this.gw.clientIdle);
+    this.taken = bytesTaken(this.res.socket);
     this.clientWatch ??= new Watch(() => {
       if (this.aborted || this.res.writableFinished) return;
+      const taken = bytesTaken(this.res.socket);
+      if (taken > this.taken) {
+        this.taken = taken; // it read some: another full period
+        return list.arm(this.clientWatch!);
+      }
       this.cut(`the client read nothing for ${list.ms} ms`);
     });
     list.arm(this.clientWatch);
@@ -262,4 +275,19 @@ export class BilledCall implements Exchange {
     this.gw.inFlight--;
     this.gw.done(this.ctx);
   };
+}
+
+/**
+ * Bytes of a socket the kernel has taken so far: how a client's reading shows on this side.
+ * A large write is one libuv request until it completes, so the writable length does not go
+ * down while the client reads it; libuv's write-queue size does. Both numbers Node keeps are
+ * internal (`_bytesDispatched`, `_handle.writeQueueSize`); without them, progress shows only
+ * when a whole write completes.
+ */
+function bytesTaken(socket: Socket | null): number {
+  if (socket === null) return 0;
+  const s = socket as Socket & { _bytesDispatched?: unknown; _handle?: { writeQueueSize?: unknown } | null };
+  const queued = s._handle?.writeQueueSize;
+  if (typeof s._bytesDispatched === 'number' && typeof queued === 'number') return s._bytesDispatched - queued;
+  return -socket.writableLength;
 }

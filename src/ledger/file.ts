@@ -54,7 +54,14 @@ interface Snapshot {
   book: unknown;
   last?: Array<[string, Position]>;
   complete?: boolean;
+  legacyUpTo?: number;
 }
+
+/**
+ * The pointer of a record whose account's older history was written before back pointers:
+ * follow it into the segment indexes (a real position never has segment 0).
+ */
+const BEFORE_POINTERS: Position = [0, 0, 0];
 
 const badCursor = () => new GatewayError('invalid_request', { message: 'The cursor "after" is not valid.', fields: { param: 'after' } });
 
@@ -102,8 +109,16 @@ export class FileLedger implements Ledger {
    * records, so its next record carries no pointer (its history goes on through the indexes).
    */
   private lastComplete = true;
+  /**
+   * The newest segment holding records written before back pointers (0: none). History below
+   * a pointer chain never reads past it: a forged old-style cursor cannot make the ledger read
+   * the whole journal.
+   */
+  private legacyUpTo = 0;
   /** Indexes of segments from before back pointers, a few kept. */
   private readonly legacyIndexes = new Map<number, SegmentIndex>();
+  /** The pre-pointer records of the open segment (a journal upgraded mid-segment), found at start. */
+  private readonly openLegacy: SegmentIndex = new Map();
   private pending: Pending[] = [];
   private writing = false;
   private failure: Error | null = null;
@@ -216,8 +231,12 @@ export class FileLedger implements Ledger {
       }
       trusted = true;
       entries.push(read.entry);
-      if (read.prev === undefined) legacyBelow = [next[0], next[1]];
-      next = read.prev;
+      if (read.prev === undefined || (read.prev !== null && read.prev[0] === 0)) {
+        legacyBelow = [next[0], next[1]]; // older history: through the indexes
+        next = undefined;
+      } else {
+        next = read.prev;
+      }
     }
     if (next === undefined && legacyBelow !== null) {
       // The rest was written before back pointers: the indexes know it.
@@ -231,12 +250,15 @@ export class FileLedger implements Ledger {
   /** History from before back pointers: the account's entries strictly below `below`, through the segment indexes. */
   private async below(reader: Reader, accountId: string, limit: number, below: [number, number]): Promise<HistoryPage> {
     const found: Position[] = [];
-    for (let seq = Math.min(this.seq, below[0]); seq >= 1 && found.length <= limit; seq--) {
+    // Everything in segments above legacyUpTo has pointers: they are not read.
+    const top = Math.min(this.seq, below[0], this.legacyUpTo);
+    const from: [number, number] = top < below[0] ? [top, Infinity] : below;
+    for (let seq = top; seq >= 1 && found.length <= limit; seq--) {
       const positions = (await this.legacyIndex(seq)).get(accountId);
       if (positions === undefined) continue;
       for (let i = positions.length - 2; i >= 0 && found.length <= limit; i -= 2) {
         const offset = positions[i]!;
-        if (seq === below[0] && offset >= below[1]) continue;
+        if (seq === from[0] && offset >= from[1]) continue;
         found.push([seq, offset, positions[i + 1]!]);
       }
     }
@@ -289,8 +311,8 @@ export class FileLedger implements Ledger {
           offset += Buffer.byteLength(line);
           continue;
         }
-        // The account's previous record; a pointer to "none" only when that is known (see lastComplete).
-        const prev = newest.get(e.accountId) ?? this.last.get(e.accountId) ?? (this.lastComplete ? null : undefined);
+        // The account's previous record; "none" only when that is known (see lastComplete).
+        const prev = newest.get(e.accountId) ?? this.last.get(e.accountId) ?? (this.lastComplete ? null : BEFORE_POINTERS);
         const line = encodeRecord(e, prev);
         const length = Buffer.byteLength(line);
         newest.set(e.accountId, [this.seq, offset, length]);
@@ -382,20 +404,29 @@ export class FileLedger implements Ledger {
    */
   private async seal(): Promise<void> {
     const sealed = this.seq;
-    const snapshot: Snapshot = { version: 2, sealed, book: this.book.save(), last: [...this.last], complete: this.lastComplete };
-    await this.fs.writeAtomic(join(this.dir, 'snapshot.json'), JSON.stringify(snapshot));
+    await this.fs.writeAtomic(join(this.dir, 'snapshot.json'), JSON.stringify(this.snapshot(sealed)));
     const next = await this.fs.openAppend(join(this.dir, segmentName(sealed + 1)));
     const old = this.handle!;
     this.handle = next;
     this.seq = sealed + 1;
     this.size = 0;
+    this.openLegacy.clear(); // its segment is sealed: its index is built from the file when needed
     await old.close().catch(() => { /* the segment is durable; its descriptor is what is lost */ });
+  }
+
+  /** What snapshot.json holds once segment `sealed` is sealed. */
+  private snapshot(sealed: number): Snapshot {
+    return { version: 2, sealed, book: this.book.save(), last: [...this.last], complete: this.lastComplete, legacyUpTo: this.legacyUpTo };
   }
 
   // --- reading history from before back pointers ----------------------------------------------
 
-  /** A segment's index, from its `.idx` file or by scanning it (asynchronously, never the open segment's stale copy). */
+  /**
+   * A segment's index of pre-pointer records: its `.idx` file, or the open segment's (found at
+   * start), or built once by reading the segment (asynchronously) and kept as its `.idx`.
+   */
   private async legacyIndex(seq: number): Promise<SegmentIndex> {
+    if (seq === this.seq) return this.openLegacy;
     const cached = this.legacyIndexes.get(seq);
     if (cached !== undefined) return cached;
     const idx = join(this.dir, indexName(seq));
@@ -405,10 +436,10 @@ export class FileLedger implements Ledger {
     } else {
       const data = await readFile(join(this.dir, segmentName(seq)));
       index = new Map();
-      scanRecords(data, seq === this.seq ? Math.min(this.size, data.length) : data.length, segmentName(seq), (d, offset, length) => {
-        if (d.entry.type !== 'usage') addPosition(index, d.entry.accountId, offset, length);
+      scanRecords(data, data.length, segmentName(seq), (d, offset, length) => {
+        if (d.entry.type !== 'usage' && d.prev === undefined) addPosition(index, d.entry.accountId, offset, length);
       });
-      if (seq === this.seq) return index; // still growing
+      await this.fs.writeAtomic(idx, JSON.stringify([...index])).catch(() => { /* built again next time */ });
     }
     this.legacyIndexes.set(seq, index);
     while (this.legacyIndexes.size > 8) this.legacyIndexes.delete(this.legacyIndexes.keys().next().value!);
@@ -426,6 +457,8 @@ export class FileLedger implements Ledger {
       this.book = LedgerBook.load(snapshot.book);
       for (const [account, at] of snapshot.last ?? []) this.last.set(account, at);
       this.lastComplete = snapshot.version >= 2 && snapshot.complete === true;
+      // Every segment a version-1 snapshot sealed was written before back pointers.
+      this.legacyUpTo = snapshot.version >= 2 ? snapshot.legacyUpTo ?? 0 : sealed;
     }
     const seqs = readdirSync(this.dir).map((f) => SEGMENT.exec(f)).filter((m) => m !== null).map((m) => Number(m[1])).sort((a, b) => a - b);
     const open_ = seqs.filter((s) => s > sealed);
@@ -434,9 +467,16 @@ export class FileLedger implements Ledger {
       const last = i === open_.length - 1;
       const path = join(this.dir, segmentName(seq));
       const data = readFileSync(path);
+      const legacy: SegmentIndex = new Map();
       const { size, torn } = scanRecords(data, data.length, path, (d, offset, length) => {
         this.book.apply(d.entry);
-        if (d.entry.type !== 'usage') this.last.set(d.entry.accountId, [seq, offset, length]);
+        if (d.entry.type === 'usage') return;
+        this.last.set(d.entry.accountId, [seq, offset, length]);
+        if (d.prev === undefined) {
+          // Written before back pointers.
+          addPosition(legacy, d.entry.accountId, offset, length);
+          if (seq > this.legacyUpTo) this.legacyUpTo = seq;
+        }
       });
       if (torn !== null) {
         if (!last) throw new LedgerCorruptError(segmentName(seq), size, torn);
@@ -446,12 +486,12 @@ export class FileLedger implements Ledger {
       if (last) {
         this.seq = seq;
         this.size = size;
+        for (const [account, positions] of legacy) this.openLegacy.set(account, positions);
       } else {
         // A segment left unsealed by a crash during sealing: seal it now. If the disk refuses
         // (full), start anyway: the segment is replayed again at the next start.
         try {
-          const snapshot: Snapshot = { version: 2, sealed: seq, book: this.book.save(), last: [...this.last], complete: this.lastComplete };
-          atomicWriteSync(snapshotPath, JSON.stringify(snapshot));
+          atomicWriteSync(snapshotPath, JSON.stringify(this.snapshot(seq)));
         } catch (err) {
           this.logger?.warn('ledger: could not seal a segment at start; it is replayed again next time', {
             file: segmentName(seq), error: (err as Error).message,

@@ -194,7 +194,7 @@ export class MemoryLimiter implements Limiter {
     if (credited) this.credited.add(accountId);
   }
 
-  creditOnce(accountId: string, amountMicro: number): number | null {
+  creditOnce(accountId: string, amountMicro: number, _attempt?: string): number | null {
     if (amountMicro !== 0) checkCredit(amountMicro);
     if (this.credited.has(accountId)) return null;
     this.credited.add(accountId);

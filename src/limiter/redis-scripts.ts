@@ -20,7 +20,7 @@
  *   P{A}:r        reservations: hash ticket id -> micro-dollars (returned when a lease expires)
  *   P{A}:kwt:K, P{A}:kwn:K  per-key RPM window of key K;  P{A}:ks:K  per-key leases of key K
  *   P{A}:i:X      Idempotency-Key X in flight: string = ticket id, expires with the lease
- *   P{A}:c:E      credit E applied (a retried credit is applied once); expires after 8 days
+ *   P{A}:c:E      admin credit E applied (E: its Idempotency-Key, or its entry id); expires after 8 days
  */
 
 const PRELUDE = `
@@ -240,19 +240,26 @@ return 1
 `;
 
 /**
- * Adds credit. KEYS: m c. ARGV: amount mode. Mode 'once': the one-time initial credit, given
- * only if the account was never credited. Mode 'id': applied once per credit id (key c).
- * Returns {credited (1/0), balance}.
+ * Adds credit. KEYS: m c. ARGV: amount mode token. Mode 'once': the one-time initial credit,
+ * given only if the account never had it; `credited` holds the token of the attempt that gave
+ * it, so a retry of that attempt (its first answer lost to a timeout) learns it was given and
+ * records it. Mode 'id': an admin credit, applied once per credit (key c: its Idempotency-Key,
+ * or its entry id); it does not touch `credited`. Returns {credited (1/0), balance}.
  */
 export const CREDIT = `${PRELUDE}
 local amount = int(ARGV[1], 0, SAFE)
 if amount == nil then return bad('amount') end
 if ARGV[2] == 'once' then
-  if redis.call('HSETNX', KEYS[1], 'credited', 1) == 0 then return {0, num(redis.call('HGET', KEYS[1], 'bal'))} end
+  local token = ARGV[3]
+  if type(token) ~= 'string' or token == '' then return bad('token') end
+  if redis.call('HSETNX', KEYS[1], 'credited', token) == 0 then
+    local bal = num(redis.call('HGET', KEYS[1], 'bal'))
+    if redis.call('HGET', KEYS[1], 'credited') == token then return {1, bal} end
+    return {0, bal}
+  end
 elseif ARGV[2] == 'id' then
   -- Kept 8 days: longer than the ledger remembers credits to give again (7), whatever the clocks.
   if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', 691200000) then return {0, num(redis.call('HGET', KEYS[1], 'bal'))} end
-  redis.call('HSET', KEYS[1], 'credited', 1)
 else
   return bad('mode')
 end

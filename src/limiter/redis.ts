@@ -173,18 +173,18 @@ export class RedisLimiter implements Limiter {
       return Promise.reject(err);
     }
     const a = this.tag(accountId);
-    return this.eval(SCRIPTS.credit, [`${a}:m`, `${a}:c:${creditId}`], [String(amountMicro), 'id'])
+    return this.eval(SCRIPTS.credit, [`${a}:m`, `${a}:c:${creditId}`], [String(amountMicro), 'id', ''])
       .then((r) => Number((r as unknown[])[1]));
   }
 
-  creditOnce(accountId: string, amountMicro: number): Promise<number | null> {
+  creditOnce(accountId: string, amountMicro: number, attempt = ''): Promise<number | null> {
     try {
       if (amountMicro !== 0) checkCredit(amountMicro);
     } catch (err) {
       return Promise.reject(err);
     }
     const a = this.tag(accountId);
-    return this.eval(SCRIPTS.credit, [`${a}:m`, `${a}:c:`], [String(amountMicro), 'once'])
+    return this.eval(SCRIPTS.credit, [`${a}:m`, `${a}:c:`], [String(amountMicro), 'once', attempt || randomBytes(8).toString('hex')])
       .then((r) => ((r as unknown[])[0] === 1 ? Number((r as unknown[])[1]) : null));
   }
 

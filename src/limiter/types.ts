@@ -109,15 +109,18 @@ export interface Limiter {
    */
   restore(accountId: string, balanceMicro: number, day: number, spentMicro: number, credited: boolean): void;
   /**
-   * Adds prepaid credit to an account, once per `creditId` (the credit's ledger entry id: a
-   * shared store applies a retried credit once); resolves to the balance after.
+   * Adds prepaid credit to an account, once per `creditId` (a shared store applies a retried
+   * credit once; the memory store's state is rebuilt from the ledger, so it needs none);
+   * resolves to the balance after.
    */
   credit(accountId: string, amountMicro: number, creditId: string): MaybeAsync<number>;
   /**
    * The one-time initial credit of a prepaid account: given only if the account was never
    * credited (or restored) before; resolves to the balance after, or null when not given.
+   * `attempt` names one attempt: its retry (after a timeout that hid a success) is answered
+   * as given, so the credit is recorded; any other attempt gets null.
    */
-  creditOnce(accountId: string, amountMicro: number): MaybeAsync<number | null>;
+  creditOnce(accountId: string, amountMicro: number, attempt?: string): MaybeAsync<number | null>;
   snapshot(account: AccountLimits): MaybeAsync<AccountSnapshot>;
   /** Whether the store can make decisions now (for /readyz). */
   ready(): boolean;

@@ -122,11 +122,17 @@ const openai: ProtocolAdapter = {
   watch(ex) {
     const clientAsked = isObj(ex.body.stream_options) && ex.body.stream_options.include_usage === true;
     let usage: Usage | null = null;
+    // Final only from the usage chunk (no choices, sent last) or at [DONE]: some compatible
+    // servers report running usage in every chunk, which is not final if the stream breaks off.
+    let final = false;
     return {
       see(event) {
         const data = eventData(event);
         if (data === null) return { forward: true, final: false };
-        if (data === '[DONE]') return { forward: true, final: true };
+        if (data === '[DONE]') {
+          final = true;
+          return { forward: true, final: true };
+        }
         let chunk: unknown;
         try {
           chunk = JSON.parse(data);
@@ -146,11 +152,15 @@ const openai: ProtocolAdapter = {
         const seen = openaiUsage(chunk.usage);
         if (seen !== null) {
           usage = seen;
-          if (!clientAsked && choices.length === 0) return { forward: false, final: false };
+          ex.noteUsage(seen);
+          if (choices.length === 0) {
+            final = true;
+            if (!clientAsked) return { forward: false, final: false };
+          }
         }
         return { forward: true, final: false };
       },
-      usage: () => usage,
+      usage: () => (final ? usage : null),
     };
   },
 };

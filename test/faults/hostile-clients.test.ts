@@ -119,6 +119,30 @@ describe('fault: hostile clients', () => {
     }
   });
 
+  test('a client that reads a large answer slowly but steadily is not cut (found in review)', async () => {
+    up.queue.push((_req, res) => json(res, 200, openaiCompletion('y'.repeat(6_000_000))));
+    const s = await open(gw.url);
+    const body = JSON.stringify({ model: 'big', messages: [{ role: 'user', content: 'hi' }] });
+    s.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-h\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body}`);
+    // About 256 KB every 100 ms: some 2.5 s for the answer, five times clientIdleTimeoutMs (500 ms).
+    let got = 0;
+    let budget = 0;
+    const done = new Promise<void>((resolve) => s.on('close', resolve));
+    s.on('data', (chunk: Buffer) => {
+      got += chunk.length;
+      budget -= chunk.length;
+      if (budget <= 0) s.pause();
+    });
+    s.pause();
+    const reader = setInterval(() => {
+      budget = 256 * 1024;
+      s.resume();
+    }, 100);
+    await done;
+    clearInterval(reader);
+    assert.ok(got > 6_000_000, `received ${got} bytes: the whole answer`);
+  });
+
   test('a client that never reads a non-streamed answer is cut after clientIdleTimeoutMs; its slot returns', async () => {
     // 8 MB: more than the socket buffers between the gateway and the client hold.
     up.queue.push((_req, res) => json(res, 200, openaiCompletion('x'.repeat(8_000_000))));

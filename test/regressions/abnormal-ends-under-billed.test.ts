@@ -38,10 +38,12 @@ describe('regression: abnormal ends were under-billed', () => {
     models: {
       'claude-x': { provider: 'ant', price: PRICE },
       'claude-gone': { provider: 'gone', price: PRICE },
+      'gpt-run': { provider: 'oai', price: PRICE },
     },
     providers: {
       ant: { protocol: 'anthropic', baseUrl: base, timeoutMs: 500, streamIdleTimeoutMs: 300 },
       gone: { protocol: 'anthropic', baseUrl: `http://127.0.0.1:${closedPort}`, timeoutMs: 500 },
+      oai: { protocol: 'openai', baseUrl: `${base}/v1`, timeoutMs: 500, streamIdleTimeoutMs: 300 },
     },
   });
 
@@ -181,6 +183,22 @@ describe('regression: abnormal ends were under-billed', () => {
     await res.text();
     assert.equal(count(), before + 1);
     assert.equal(last().estimated, true);
+  });
+
+  test('running usage in every chunk (a compatible server) is not final when the stream breaks off', async () => {
+    // Found in review: an OpenAI-protocol stream's last seen usage was taken as final, though
+    // servers with continuous usage stats send a running count in every chunk.
+    const running = (n: number) => `data: ${JSON.stringify({ id: 'c', choices: [{ index: 0, delta: { content: 'word' } }], usage: { prompt_tokens: 3, completion_tokens: n, total_tokens: 3 + n } })}\n\n`;
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(running(1) + running(2));
+      setTimeout(() => res.socket?.destroy(), 30); // no usage chunk, no [DONE]
+    });
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-a', { model: 'gpt-run', stream: true, messages: [{ role: 'user', content: 'x'.repeat(400) }] });
+    await assert.rejects(res.text());
+    const charge = last();
+    assert.equal(charge.estimated, true, 'a running count is not the final usage');
+    assert.equal(charge.inputTokens, estimateInputTokens({ messages: [{ role: 'user', content: 'x'.repeat(400) }] }), 'the larger of the reported 3 and the estimate');
   });
 
   test('usage a provider reports past any real count is not believed: an estimate is charged instead', async () => {
