@@ -10,10 +10,10 @@ import type { Limiter, Ticket } from '../limiter/types.js';
 import type { Logger } from '../log.js';
 import type { Metrics } from '../metrics.js';
 import { costMicro, type Usage } from '../money.js';
-import { tokensOf } from '../providers/text.js';
+import { tokensOf } from '../protocols/common.js';
 import type { Endpoint, Exchange } from '../providers/types.js';
 import { Watch, type Watchlist } from '../providers/watchlist.js';
-import type { CallRequest } from '../routes/validate.js';
+import type { CallRequest } from '../protocols/types.js';
 import { callEntry } from './entries.js';
 
 /**

@@ -4,7 +4,8 @@ import { performance } from 'node:perf_hooks';
 import type { ProviderConfig } from '../config/types.js';
 import { upstreamStatusSpec } from '../errors.js';
 import { ConnectionPool } from './pool.js';
-import type { ProtocolAdapter } from './protocols.js';
+import { WIRES } from '../protocols/index.js';
+import type { ProviderKind } from './kinds.js';
 import { backoffMs, MAX_ATTEMPTS, RETRY_STATUSES, retryAfterMs } from './retry.js';
 import { EventTooLarge, SseSplitter } from './sse.js';
 import { usageField } from './usage-field.js';
@@ -133,18 +134,16 @@ export class HttpProvider implements Provider {
   /** The provider's credential header, built once. */
   private readonly credentials: string[];
 
-  constructor(private readonly config: ProviderConfig, private readonly adapter: ProtocolAdapter) {
+  constructor(private readonly config: ProviderConfig, private readonly kind: ProviderKind) {
     this.timeouts = new Watchlist(config.timeoutMs);
-    this.credentials = adapter.credentials(config.apiKey);
-    for (const endpoint of ['chat', 'messages', 'embeddings'] as const) {
-      const path = adapter.path(endpoint);
-      if (path !== null) this.targets.set(endpoint, targetOf(new URL(config.baseUrl + path)));
-    }
+    this.credentials = kind.credentials(config.apiKey);
+    for (const [endpoint, path] of Object.entries(kind.paths)) this.targets.set(endpoint, targetOf(new URL(config.baseUrl + path)));
   }
 
   handle(ex: Exchange): void {
     const target = this.targets.get(ex.endpoint)!;
-    const body = JSON.stringify(this.adapter.body(ex));
+    const wire = WIRES[ex.endpoint];
+    const body = JSON.stringify(wire.upstreamBody(ex));
     const headers = [
       'host', target.host,
       'content-type', 'application/json',
@@ -153,7 +152,7 @@ export class HttpProvider implements Provider {
       'accept-encoding', 'identity', // the gateway reads usage out of the answer
       'x-request-id', ex.requestId,
       ...this.credentials,
-      ...this.adapter.headers(ex),
+      ...this.kind.headers((name) => ex.header(name)),
     ];
     const options = {
       method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers,
@@ -291,7 +290,8 @@ export class HttpProvider implements Provider {
         // Usage is read out of the answer's bytes; the whole answer is decoded and parsed only
         // when that fails (no usage field, unbelievable counts, or something that may not be JSON).
         const found = usageField(answer);
-        let usage = found === undefined ? null : this.adapter.usage({ usage: found });
+        const wire = WIRES[ex.endpoint];
+        let usage = found === undefined ? null : wire.usage({ usage: found });
         if (usage === null) {
           let json: unknown;
           try {
@@ -300,8 +300,8 @@ export class HttpProvider implements Provider {
             ex.upstreamFailed('garbage');
             return ex.fail('upstream_error', { message: 'The provider answered something that is not JSON.' });
           }
-          usage = this.adapter.usage(json);
-          if (usage === null) ex.noteOutput(this.adapter.outputChars(json)); // charged as an estimate
+          usage = wire.usage(json);
+          if (usage === null) ex.noteOutput(wire.outputChars(json)); // charged as an estimate
         }
         ex.settle(usage, () => {
           passed.push('content-length', String(answer.length));
@@ -315,7 +315,7 @@ export class HttpProvider implements Provider {
     call.end(); // a stream has its own idle timer instead
     passed.push('cache-control', 'no-cache');
     ex.head(res.statusCode!, contentType, passed);
-    const watcher = this.adapter.watch(ex);
+    const watcher = WIRES[ex.endpoint].watch(ex);
     const splitter = new SseSplitter(MAX_EVENT_CHARS);
     let ended = false;
     // While the gateway waits for a slow client (backpressure), the provider's silence is ours,

@@ -3,7 +3,9 @@ import type { ModelEntry } from '../directory.js';
 import type { ErrorCode, ErrorDetails, ErrorSpec } from '../errors.js';
 import type { Usage } from '../money.js';
 
-export type Endpoint = 'chat' | 'messages' | 'embeddings';
+import type { Endpoint } from '../protocols/types.js';
+
+export type { Endpoint };
 
 /**
  * One admitted model call as a provider sees it. Providers know nothing of limits: they

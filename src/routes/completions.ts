@@ -4,25 +4,32 @@ import { readBody, type BodyResult } from '../http/body.js';
 import type { RequestContext } from '../http/context.js';
 import { sendError } from '../http/reply.js';
 import { costMicro, MAX_TOKENS } from '../money.js';
-import { estimateInputTokens, MAX_DEPTH } from '../providers/estimate.js';
-import { supports, thinkingLimits } from '../providers/protocols.js';
-import type { Endpoint } from '../providers/types.js';
+import { estimateInputTokens, MAX_DEPTH } from '../billing/estimate.js';
+import { WIRES } from '../protocols/index.js';
+import type { CallRequest, Endpoint, WireProtocol } from '../protocols/types.js';
+import type { Protocol } from '../config/types.js';
+import { KINDS, supports } from '../providers/kinds.js';
 import type { Router } from '../router.js';
 import type { RouteHost } from './host.js';
-import { checkCall, checkOutputLimits } from './validate.js';
 
+/** The model calls: one POST route per wire protocol (src/protocols/). */
 export function registerCompletionRoutes(router: Router<RouteHost>): void {
-  router.add('/v1/chat/completions', { auth: true, methods: { POST: modelCall('chat') } });
-  router.add('/v1/messages', { auth: true, anthropic: true, methods: { POST: modelCall('messages') } });
-  router.add('/v1/embeddings', { auth: true, methods: { POST: modelCall('embeddings') } });
+  for (const wire of Object.values(WIRES)) {
+    router.add(wire.path, { auth: true, anthropic: wire.anthropic, methods: { POST: modelCall(wire) } });
+  }
+  // The gateway keeps no responses: what would read or change a stored one says so.
+  const noStore = (gw: RouteHost, ctx: RequestContext, _req: IncomingMessage, res: ServerResponse) => sendError(ctx, res, 'not_found', gw.done, {
+    message: 'This gateway keeps no responses (GET, DELETE, cancel and input_items of a stored response are not available): send the whole conversation in "input" with each call.',
+  });
+  router.add('/v1/responses/*', { auth: true, methods: { GET: noStore, POST: noStore, DELETE: noStore } });
 }
 
 /** POST handler of a model call: body, model, admission (contract order), then the provider. */
-function modelCall(endpoint: Endpoint) {
+function modelCall(wire: WireProtocol) {
   return (gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse): void => {
     readBody(req, gw.config.server.maxBodyBytes, (result) => {
       try {
-        afterBody(gw, ctx, req, res, endpoint, result);
+        afterBody(gw, ctx, req, res, wire, result);
       } catch (err) {
         gw.fault(ctx, res, err);
       }
@@ -30,9 +37,18 @@ function modelCall(endpoint: Endpoint) {
   };
 }
 
+/** Each output limit the client set is at most the model's `outputTokenLimit`; null when they are. */
+function checkOutputLimits(call: CallRequest, outputTokenLimit: number): { message: string; param: string } | null {
+  for (const [name, value] of call.limits) {
+    if (value > outputTokenLimit) return { param: name, message: `"${name}" must be an integer from 1 to ${outputTokenLimit} for this model.` };
+  }
+  return null;
+}
+
 function afterBody(
-  gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse, endpoint: Endpoint, result: BodyResult,
+  gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse, wire: WireProtocol, result: BodyResult,
 ): void {
+  const endpoint = wire.endpoint;
   if (!result.ok) {
     if (result.reason === 'aborted') {
       ctx.status = 499; // client closed the request; nothing to answer
@@ -49,7 +65,7 @@ function afterBody(
   } catch {
     return sendError(ctx, res, 'invalid_json', gw.done);
   }
-  const checked = checkCall(endpoint, parsed);
+  const checked = wire.check(parsed);
   if (!checked.ok) return sendError(ctx, res, 'invalid_request', gw.done, { message: checked.message, fields: { param: checked.param || null } });
   const call = checked.call;
   const key = ctx.key!;
@@ -59,9 +75,10 @@ function afterBody(
       message: `The model "${call.model}" does not exist or this key may not use it.`,
     });
   }
-  if (!supports(model.provider.protocol, endpoint)) {
+  const protocol = model.provider.protocol;
+  if (protocol !== 'mock' && !supports(protocol, endpoint)) {
     return sendError(ctx, res, 'invalid_request', gw.done, {
-      message: `The model "${call.model}" is served over the ${model.provider.protocol} protocol, which has no ${ENDPOINT_PATHS[endpoint]}; use ${PROTOCOL_ENDPOINT[model.provider.protocol]}.`,
+      message: `The model "${call.model}" is served over the ${protocol} protocol, which has no ${wire.path}; use ${servedPaths(protocol)}.`,
       fields: { param: 'model' },
     });
   }
@@ -77,11 +94,10 @@ function afterBody(
   }
   // A call whose charge could not be recorded must not reach the provider (which would bill it).
   if (!gw.ledger.ready()) return sendError(ctx, res, 'ledger_unavailable', gw.done, { retryAfterS: 1 });
-  let maxOutput = call.maxTokens ?? model.maxOutputTokens;
-  // Reserve for what the provider may really produce: thinking can raise max_tokens.
-  if (model.thinking && model.provider.protocol === 'anthropic') maxOutput = thinkingLimits(maxOutput).maxTokens;
-  // Every answer of `n` may use the whole output budget.
-  const reservedOutput = endpoint === 'embeddings' ? 0 : Math.min(MAX_TOKENS, maxOutput * call.choices);
+  // Reserve for what the provider may really produce (a `-thinking` model's raised limit);
+  // every answer of `n` may use the whole output budget.
+  const maxOutput = wire.outputBudget(call, model);
+  const reservedOutput = Math.min(MAX_TOKENS, maxOutput * call.choices);
   const estimate = model.billable
     ? costMicro(model.price, { inputTokens, outputTokens: reservedOutput, cacheReadTokens: 0, cacheWriteTokens: 0 })
     : null;
@@ -96,7 +112,7 @@ function afterBody(
   });
 }
 
-const ENDPOINT_PATHS: Record<Endpoint, string> = {
-  chat: '/v1/chat/completions', messages: '/v1/messages', embeddings: '/v1/embeddings',
-};
-const PROTOCOL_ENDPOINT: Record<string, string> = { openai: '/v1/chat/completions', anthropic: '/v1/messages' };
+/** The client paths a provider protocol answers (for the error naming them). */
+function servedPaths(protocol: Exclude<Protocol, 'mock'>): string {
+  return (Object.keys(KINDS[protocol].paths) as Endpoint[]).map((e) => WIRES[e].path).join(' or ');
+}

@@ -4,7 +4,7 @@ import { after, before, beforeEach, describe, test } from 'node:test';
 import {
   anthropicMessage, anthropicStream, FakeUpstream, json, openaiCompletion, openaiStream,
 } from '../helpers/fake-upstream.js';
-import { estimateInputTokens } from '../../src/providers/estimate.js';
+import { estimateInputTokens } from '../../src/billing/estimate.js';
 import { chatBody, entriesOf, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
 const PRICE = { inputPerMillion: 1, outputPerMillion: 2, cacheReadPerMillion: 0.5, cacheWritePerMillion: 4 };

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
 import { after, before, describe, test } from 'node:test';
-import { estimateInputTokens } from '../../src/providers/estimate.js';
+import { estimateInputTokens } from '../../src/billing/estimate.js';
 import { chatBody, entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
 
 function sseData(text: string): string[] {

@@ -3,7 +3,7 @@ import { request, type IncomingMessage } from 'node:http';
 import { createServer } from 'node:net';
 import { after, before, beforeEach, describe, test } from 'node:test';
 import type { LedgerEntry } from '../../src/ledger/types.js';
-import { estimateInputTokens } from '../../src/providers/estimate.js';
+import { estimateInputTokens } from '../../src/billing/estimate.js';
 import { anthropicStream, FakeUpstream, json } from '../helpers/fake-upstream.js';
 import { entriesOf, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import { MAX_TOKENS } from '../../src/money.js';
-import { DOCUMENT_TOKENS, estimateInputTokens, IMAGE_TOKENS, MAX_DEPTH } from '../../src/providers/estimate.js';
+import { DOCUMENT_TOKENS, estimateInputTokens, IMAGE_TOKENS, MAX_DEPTH } from '../../src/billing/estimate.js';
 import { postJson, startGateway, testConfig } from '../helpers/gateway.js';
 
 const chars = (n: number) => Math.ceil(n / 4);

@@ -1,0 +1,142 @@
+import type { Usage } from '../../money.js';
+import {
+  ABSENT, bad, checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, outputLimits, pieces, pump,
+  sendJson, textChars, tokensOf, withModel,
+} from '../common.js';
+import { eventData } from '../../providers/sse.js';
+import type { WireProtocol } from '../types.js';
+
+/** OpenAI Chat Completions: POST /v1/chat/completions, plain or SSE (`data:` lines, then `data: [DONE]`). */
+
+/** The most answers one call may ask for (OpenAI's own bound on `n`). */
+export const MAX_CHOICES = 128;
+
+/** Usage of a Chat Completions (or Embeddings) answer: `prompt_tokens` includes the cached ones. */
+export function chatUsage(u: unknown): Usage | null {
+  if (!isObj(u)) return null;
+  const prompt = count(u.prompt_tokens);
+  const completion = count(u.completion_tokens); // absent in embeddings
+  const cached = isObj(u.prompt_tokens_details) ? count(u.prompt_tokens_details.cached_tokens) : ABSENT;
+  if (prompt < 0 || completion === INVALID || cached === INVALID) return null;
+  const cacheRead = Math.min(Math.max(cached, 0), prompt);
+  return { inputTokens: prompt - cacheRead, outputTokens: Math.max(completion, 0), cacheReadTokens: cacheRead, cacheWriteTokens: 0 };
+}
+
+const OUTPUT = new Set(['content', 'refusal', 'arguments', 'reasoning_content']);
+
+export const chat: WireProtocol = {
+  endpoint: 'chat',
+  path: '/v1/chat/completions',
+  anthropic: false,
+
+  check(body) {
+    const basic = checkBasics(body);
+    if (basic !== null) return basic;
+    const b = body as Record<string, unknown>;
+    const messages = checkMessages(b);
+    if (messages !== null) return messages;
+    const limits = outputLimits(b, ['max_completion_tokens', 'max_tokens']);
+    if (!Array.isArray(limits)) return limits;
+    let choices = 1;
+    if (b.n !== undefined && b.n !== null) {
+      if (typeof b.n !== 'number' || !Number.isInteger(b.n) || b.n < 1 || b.n > MAX_CHOICES) {
+        return bad('n', `"n" must be an integer from 1 to ${MAX_CHOICES}.`);
+      }
+      choices = b.n;
+    }
+    if (b.stream_options !== undefined && b.stream_options !== null && !isObj(b.stream_options)) {
+      return bad('stream_options', '"stream_options" must be an object.');
+    }
+    return { ok: true, call: { body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices } };
+  },
+
+  outputBudget: (call, model) => call.maxTokens ?? model.maxOutputTokens,
+
+  upstreamBody(ex) {
+    const body = withModel(ex);
+    if (ex.stream) {
+      // Usage is how the call is metered: always ask for it (the extra chunk is removed again
+      // below when the client did not ask for it).
+      const options = isObj(body.stream_options) ? body.stream_options : {};
+      body.stream_options = { ...options, include_usage: true };
+    }
+    return body;
+  },
+
+  usage: (json) => (isObj(json) ? chatUsage(json.usage) : null),
+
+  outputChars: (json) => (isObj(json) ? textChars(json.choices, OUTPUT) : 0),
+
+  watch(ex) {
+    const clientAsked = isObj(ex.body.stream_options) && ex.body.stream_options.include_usage === true;
+    let usage: Usage | null = null;
+    // Final only from the usage chunk (no choices, sent last) or at [DONE]: some compatible
+    // servers report running usage in every chunk, which is not final if the stream breaks off.
+    let final = false;
+    return {
+      see(event) {
+        const data = eventData(event);
+        if (data === null) return { forward: true, final: false };
+        if (data === '[DONE]') {
+          final = true;
+          return { forward: true, final: true };
+        }
+        let chunk: unknown;
+        try {
+          chunk = JSON.parse(data);
+        } catch {
+          return { forward: true, final: false };
+        }
+        if (!isObj(chunk)) return { forward: true, final: false };
+        const choices = Array.isArray(chunk.choices) ? chunk.choices : [];
+        for (const choice of choices) {
+          const delta = isObj(choice) && isObj(choice.delta) ? choice.delta : null;
+          if (delta === null) continue;
+          if (typeof delta.content === 'string') ex.noteOutput(delta.content.length);
+          if (typeof delta.refusal === 'string') ex.noteOutput(delta.refusal.length);
+          if (typeof delta.reasoning_content === 'string') ex.noteOutput(delta.reasoning_content.length);
+          if (Array.isArray(delta.tool_calls)) ex.noteOutput(JSON.stringify(delta.tool_calls).length);
+        }
+        const seen = chatUsage(chunk.usage);
+        if (seen !== null) {
+          usage = seen;
+          ex.noteUsage(seen);
+          if (choices.length === 0) {
+            final = true;
+            if (!clientAsked) return { forward: false, final: false };
+          }
+        }
+        return { forward: true, final: false };
+      },
+      usage: () => (final ? usage : null),
+    };
+  },
+
+  mock(ex, tokensPerSecond) {
+    const { text, truncated } = echo(lastUserText(ex.body), ex.maxOutputTokens);
+    const usage: Usage = { inputTokens: tokensOf(messagesChars(ex.body)), outputTokens: tokensOf(text.length), cacheReadTokens: 0, cacheWriteTokens: 0 };
+    const counts = { prompt_tokens: usage.inputTokens, completion_tokens: usage.outputTokens, total_tokens: usage.inputTokens + usage.outputTokens };
+    if (!ex.stream) {
+      ex.noteOutput(text.length);
+      return ex.settle(usage, () => sendJson(ex, {
+        id: `chatcmpl-${ex.requestId}`, object: 'chat.completion', created: Math.floor(Date.now() / 1000), model: ex.model.upstreamModel,
+        choices: [{ index: 0, message: { role: 'assistant', content: text, refusal: null }, logprobs: null, finish_reason: truncated ? 'length' : 'stop' }],
+        usage: counts,
+      }));
+    }
+    const options = ex.body.stream_options as { include_usage?: unknown } | undefined;
+    const includeUsage = options?.include_usage === true;
+    const prefix = `data: {"id":"chatcmpl-${ex.requestId}","object":"chat.completion.chunk","created":${Math.floor(Date.now() / 1000)},"model":${JSON.stringify(ex.model.upstreamModel)},"choices":`;
+    const suffix = includeUsage ? ',"usage":null}\n\n' : '}\n\n';
+    const chunk = (delta: string, finish: string) => `${prefix}[{"index":0,"delta":${delta},"finish_reason":${finish}}]${suffix}`;
+    ex.head(200, 'text/event-stream', ['cache-control', 'no-cache']);
+    ex.write(chunk('{"role":"assistant","content":""}', 'null'));
+    pump(ex, pieces(text), tokensPerSecond, (piece) => chunk(`{"content":${JSON.stringify(piece)}}`, 'null'), () => {
+      ex.settle(usage, () => {
+        let tail = chunk('{}', truncated ? '"length"' : '"stop"');
+        if (includeUsage) tail += `${prefix}[],"usage":${JSON.stringify(counts)}}\n\n`;
+        ex.end(`${tail}data: [DONE]\n\n`);
+      });
+    });
+  },
+};

@@ -1,0 +1,74 @@
+import { hash } from 'node:crypto';
+import type { Usage } from '../../money.js';
+import { bad, checkBasics, isObj, sendJson, tokensOf, withModel } from '../common.js';
+import { chatUsage } from '../chat/index.js';
+import type { WireProtocol } from '../types.js';
+
+/** OpenAI Embeddings: POST /v1/embeddings, never streamed, no output tokens. */
+
+/** The most dimensions a request may ask for (OpenAI's largest model has 3,072; the mock builds the vector). */
+const MAX_DIMENSIONS = 16_384;
+
+/** Characters of an embeddings input: a string or an array of strings (token ids count none for the mock). */
+function inputChars(input: unknown): number {
+  if (typeof input === 'string') return input.length;
+  let n = 0;
+  if (Array.isArray(input)) for (const s of input) if (typeof s === 'string') n += s.length;
+  return n;
+}
+
+/** A deterministic unit vector from the text's hash: same text, same embedding. */
+function vectorOf(text: string, dimensions: number): number[] {
+  const digest = Buffer.from(hash('sha256', text, 'hex'), 'hex');
+  const v: number[] = [];
+  let norm = 0;
+  for (let i = 0; i < dimensions; i++) {
+    const x = digest[i % digest.length]! / 127.5 - 1;
+    v.push(x);
+    norm += x * x;
+  }
+  norm = Math.sqrt(norm) || 1;
+  return v.map((x) => Math.round((x / norm) * 1e6) / 1e6);
+}
+
+export const embeddings: WireProtocol = {
+  endpoint: 'embeddings',
+  path: '/v1/embeddings',
+  anthropic: false,
+
+  check(body) {
+    const basic = checkBasics(body);
+    if (basic !== null) return basic;
+    const b = body as Record<string, unknown>;
+    const input = b.input;
+    const valid = (typeof input === 'string' && input !== '') || (Array.isArray(input) && input.length > 0);
+    if (!valid) return bad('input', '"input" is required: a non-empty string or array.');
+    if (b.stream === true) return bad('stream', 'Embeddings cannot be streamed.');
+    if (b.dimensions !== undefined && (typeof b.dimensions !== 'number' || !Number.isInteger(b.dimensions) || b.dimensions < 1 || b.dimensions > MAX_DIMENSIONS)) {
+      return bad('dimensions', `"dimensions" must be an integer from 1 to ${MAX_DIMENSIONS}.`);
+    }
+    return { ok: true, call: { body: b, model: b.model as string, stream: false, maxTokens: null, limits: [], choices: 1 } };
+  },
+
+  outputBudget: () => 0,
+
+  upstreamBody: withModel,
+
+  usage: (json) => (isObj(json) ? chatUsage(json.usage) : null),
+
+  outputChars: () => 0,
+
+  watch: () => ({ see: () => ({ forward: true, final: false }), usage: () => null }), // never streamed
+
+  mock(ex) {
+    const input = ex.body.input;
+    const texts = Array.isArray(input) ? input.map((s) => (typeof s === 'string' ? s : JSON.stringify(s))) : [String(input)];
+    const dimensions = typeof ex.body.dimensions === 'number' ? ex.body.dimensions : 8;
+    const usage: Usage = { inputTokens: tokensOf(inputChars(input)), outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
+    ex.settle(usage, () => sendJson(ex, {
+      object: 'list', model: ex.model.upstreamModel,
+      data: texts.map((text, index) => ({ object: 'embedding', index, embedding: vectorOf(text, dimensions) })),
+      usage: { prompt_tokens: usage.inputTokens, total_tokens: usage.inputTokens },
+    }));
+  },
+};

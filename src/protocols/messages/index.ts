@@ -1,0 +1,158 @@
+import type { Usage } from '../../money.js';
+import { eventData } from '../../providers/sse.js';
+import {
+  checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, outputLimits, pieces, pump, sendJson,
+  sseEvent, textChars, tokensOf, withModel,
+} from '../common.js';
+import type { WireProtocol } from '../types.js';
+
+/** Anthropic Messages: POST /v1/messages, plain or SSE (`message_start` … `message_stop`). */
+
+/**
+ * Usage of a Messages answer merged into what was reported before (message_delta carries
+ * cumulative counts; each field is taken when present). `input_tokens` excludes cache tokens.
+ * Null when a count is not believable, or when input or output was never reported.
+ */
+export function messagesUsage(u: unknown, before: Usage | null): Usage | null {
+  if (!isObj(u)) return null;
+  const input = count(u.input_tokens);
+  const output = count(u.output_tokens);
+  const cacheRead = count(u.cache_read_input_tokens);
+  const cacheWrite = count(u.cache_creation_input_tokens);
+  if (input === INVALID || output === INVALID || cacheRead === INVALID || cacheWrite === INVALID) return null;
+  const next: Usage = {
+    inputTokens: input >= 0 ? input : before?.inputTokens ?? -1,
+    outputTokens: output >= 0 ? output : before?.outputTokens ?? -1,
+    cacheReadTokens: cacheRead >= 0 ? cacheRead : before?.cacheReadTokens ?? 0,
+    cacheWriteTokens: cacheWrite >= 0 ? cacheWrite : before?.cacheWriteTokens ?? 0,
+  };
+  return next.inputTokens < 0 || next.outputTokens < 0 ? null : next;
+}
+
+const THINKING_BUDGET = 1024; // Anthropic's minimum budget_tokens
+
+/** Extended thinking for a `-thinking` id: the budget, and max_tokens raised when it leaves no room. */
+export function thinkingLimits(maxTokens: number): { budget: number; maxTokens: number } {
+  const budget = Math.max(THINKING_BUDGET, Math.floor(maxTokens / 2));
+  return { budget, maxTokens: maxTokens <= budget ? budget + THINKING_BUDGET : maxTokens };
+}
+
+const OUTPUT = new Set(['text', 'thinking', 'input']);
+
+export const messages: WireProtocol = {
+  endpoint: 'messages',
+  path: '/v1/messages',
+  anthropic: true,
+
+  check(body) {
+    const basic = checkBasics(body);
+    if (basic !== null) return basic;
+    const b = body as Record<string, unknown>;
+    const msgs = checkMessages(b);
+    if (msgs !== null) return msgs;
+    const limits = outputLimits(b, ['max_tokens']);
+    if (!Array.isArray(limits)) return limits;
+    return { ok: true, call: { body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices: 1 } };
+  },
+
+  outputBudget(call, model) {
+    const budget = call.maxTokens ?? model.maxOutputTokens;
+    // A `-thinking` id on Anthropic raises max_tokens (upstreamBody): reserve for what it may produce.
+    return model.thinking && model.provider.protocol === 'anthropic' ? thinkingLimits(budget).maxTokens : budget;
+  },
+
+  upstreamBody(ex) {
+    const body = withModel(ex);
+    if (body.max_tokens === undefined) body.max_tokens = ex.maxOutputTokens; // required upstream
+    if (ex.model.thinking && body.thinking === undefined) {
+      // A `-thinking` id: extended thinking on, within the client's output budget where it allows.
+      const limits = thinkingLimits(body.max_tokens as number);
+      body.max_tokens = limits.maxTokens;
+      body.thinking = { type: 'enabled', budget_tokens: limits.budget };
+    }
+    return body;
+  },
+
+  usage: (json) => (isObj(json) ? messagesUsage(json.usage, null) : null),
+
+  outputChars: (json) => (isObj(json) ? textChars(json.content, OUTPUT) : 0),
+
+  watch(ex) {
+    let usage: Usage | null = null;
+    let final = false;
+    return {
+      see(event) {
+        const data = eventData(event);
+        if (data === null) return { forward: true, final: false };
+        let msg: unknown;
+        try {
+          msg = JSON.parse(data);
+        } catch {
+          return { forward: true, final: false };
+        }
+        if (!isObj(msg)) return { forward: true, final: false };
+        switch (msg.type) {
+          case 'message_start': {
+            // Input and a first output count: real, but not final.
+            const seen = isObj(msg.message) ? messagesUsage(msg.message.usage, null) : null;
+            if (seen !== null) {
+              usage = seen;
+              ex.noteUsage(seen);
+            }
+            break;
+          }
+          case 'message_delta': {
+            const seen = messagesUsage(msg.usage, usage);
+            if (seen !== null) {
+              usage = seen;
+              final = true;
+              ex.noteUsage(seen);
+            }
+            break;
+          }
+          case 'content_block_delta': {
+            const d = isObj(msg.delta) ? msg.delta : {};
+            for (const field of ['text', 'thinking', 'partial_json']) {
+              if (typeof d[field] === 'string') ex.noteOutput((d[field] as string).length);
+            }
+            break;
+          }
+          case 'message_stop':
+            return { forward: true, final: true };
+        }
+        return { forward: true, final: false };
+      },
+      usage: () => (final ? usage : null),
+    };
+  },
+
+  mock(ex, tokensPerSecond) {
+    const { text, truncated } = echo(lastUserText(ex.body), ex.maxOutputTokens);
+    const usage: Usage = { inputTokens: tokensOf(messagesChars(ex.body)), outputTokens: tokensOf(text.length), cacheReadTokens: 0, cacheWriteTokens: 0 };
+    const stopReason = truncated ? 'max_tokens' : 'end_turn';
+    if (!ex.stream) {
+      ex.noteOutput(text.length);
+      return ex.settle(usage, () => sendJson(ex, {
+        id: `msg_${ex.requestId}`, type: 'message', role: 'assistant', model: ex.model.upstreamModel, content: [{ type: 'text', text }],
+        stop_reason: stopReason, stop_sequence: null, usage: { input_tokens: usage.inputTokens, output_tokens: usage.outputTokens },
+      }));
+    }
+    ex.head(200, 'text/event-stream', ['cache-control', 'no-cache']);
+    ex.noteUsage({ inputTokens: usage.inputTokens, outputTokens: 1, cacheReadTokens: 0, cacheWriteTokens: 0 }); // as message_start says
+    ex.write(
+      sseEvent('message_start', { type: 'message_start', message: {
+        id: `msg_${ex.requestId}`, type: 'message', role: 'assistant', model: ex.model.upstreamModel, content: [],
+        stop_reason: null, stop_sequence: null, usage: { input_tokens: usage.inputTokens, output_tokens: 1 } } }) +
+      sseEvent('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } }) +
+      sseEvent('ping', { type: 'ping' }),
+    );
+    const delta = (piece: string) => sseEvent('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: piece } });
+    pump(ex, pieces(text), tokensPerSecond, delta, () => {
+      ex.write(sseEvent('content_block_stop', { type: 'content_block_stop', index: 0 }));
+      ex.settle(usage, () => ex.end(
+        sseEvent('message_delta', { type: 'message_delta', delta: { stop_reason: stopReason, stop_sequence: null }, usage: { output_tokens: usage.outputTokens } }) +
+        sseEvent('message_stop', { type: 'message_stop' }),
+      ));
+    });
+  },
+};

@@ -1,0 +1,44 @@
+import type { Protocol } from '../config/types.js';
+import type { Endpoint } from '../protocols/types.js';
+
+/**
+ * What differs between the kinds of upstream (the wire protocols themselves live in
+ * src/protocols/): which endpoints a kind serves and where, and how it is authenticated.
+ */
+export interface ProviderKind {
+  /** The upstream path (appended to baseUrl) of each endpoint the kind serves. */
+  readonly paths: Readonly<Partial<Record<Endpoint, string>>>;
+  /** The path of token counting (Anthropic's count_tokens), when the kind has one. */
+  readonly countTokensPath: string | null;
+  /** The credential header for the provider's key, as name/value pairs (built once per provider). */
+  credentials(apiKey: string | null): string[];
+  /** Headers of one call taken from the client's request, as name/value pairs. */
+  headers(header: (name: string) => string | undefined): readonly string[];
+}
+
+const NO_HEADERS: readonly string[] = Object.freeze([]);
+
+export const KINDS: Readonly<Record<Exclude<Protocol, 'mock'>, ProviderKind>> = {
+  openai: {
+    paths: { chat: '/chat/completions', responses: '/responses', embeddings: '/embeddings' },
+    countTokensPath: null,
+    credentials: (apiKey) => (apiKey === null ? [] : ['authorization', `Bearer ${apiKey}`]),
+    headers: () => NO_HEADERS,
+  },
+  anthropic: {
+    paths: { messages: '/v1/messages' },
+    countTokensPath: '/v1/messages/count_tokens',
+    credentials: (apiKey) => (apiKey === null ? [] : ['x-api-key', apiKey]),
+    headers(header) {
+      const headers = ['anthropic-version', header('anthropic-version') ?? '2023-06-01'];
+      const beta = header('anthropic-beta');
+      if (beta !== undefined) headers.push('anthropic-beta', beta);
+      return headers;
+    },
+  },
+};
+
+/** Whether a model of this protocol can answer this endpoint (the mock answers every one). */
+export function supports(protocol: Protocol, endpoint: Endpoint): boolean {
+  return protocol === 'mock' || KINDS[protocol].paths[endpoint] !== undefined;
+}
