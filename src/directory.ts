@@ -1,4 +1,4 @@
-import type { GatewayConfig, Limit, ProviderConfig } from './config/types.js';
+import type { GatewayConfig, Limit, ModelConfig, ProviderConfig } from './config/types.js';
 import { isFree, type Price } from './money.js';
 
 /** An account with its plan's limits resolved (account overrides win). */
@@ -65,7 +65,7 @@ export class Directory {
       const entry: ModelEntry = {
         id, baseId: id, provider, upstreamModel: m.upstreamModel, price: m.price, billable: !isFree(m.price),
         maxOutputTokens: m.maxOutputTokens, outputTokenLimit: m.outputTokenLimit, thinking: false,
-        objectBody: Buffer.from(JSON.stringify(modelObject(id, createdS, provider.id))),
+        objectBody: Buffer.from(JSON.stringify(modelObject(id, createdS, m, provider.id))),
       };
       this.models.set(id, entry);
       if (!id.endsWith(THINKING)) this.variants.set(id + THINKING, { ...entry, id: id + THINKING, thinking: true });
@@ -90,8 +90,9 @@ export class Directory {
       const signature = listed.join('\n');
       let body = bodies.get(signature);
       if (body === undefined) {
-        const data = listed.map((m) => modelObject(m, createdS, this.models.get(m)!.provider.id));
-        body = Buffer.from(JSON.stringify({ object: 'list', data }));
+        const data = listed.map((m) => modelObject(m, createdS, config.models.get(m)!, this.models.get(m)!.provider.id));
+        // Anthropic's list fields too: one page, newest-first order not promised.
+        body = Buffer.from(JSON.stringify({ object: 'list', data, has_more: false, first_id: listed[0] ?? null, last_id: listed.at(-1) ?? null }));
         bodies.set(signature, body);
       }
       const entry: KeyEntry = {
@@ -129,6 +130,13 @@ export class Directory {
   }
 }
 
-function modelObject(id: string, created: number, ownedBy: string) {
-  return { id, object: 'model', created, owned_by: ownedBy };
+/**
+ * A model as both official SDKs read it: SPEC's `id` and `object` with OpenAI's `created` and
+ * `owned_by`, and Anthropic's `type`, `display_name`, `created_at` (RFC 3339) and `max_tokens`.
+ */
+function modelObject(id: string, created: number, model: ModelConfig, ownedBy: string) {
+  return {
+    id, object: 'model', created, owned_by: ownedBy,
+    type: 'model', display_name: model.displayName, created_at: new Date(created * 1000).toISOString(), max_tokens: model.outputTokenLimit,
+  };
 }

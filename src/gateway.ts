@@ -23,6 +23,7 @@ import { AdminStore, cloneAdminState, overlay, type AdminState } from './admin/s
 import { registerAccountRoutes } from './routes/account.js';
 import { registerAdminRoutes } from './routes/admin.js';
 import { registerCompletionRoutes } from './routes/completions.js';
+import { registerCountTokensRoute } from './routes/count-tokens.js';
 import { registerModelRoutes } from './routes/models.js';
 import type { RouteHost } from './routes/host.js';
 import { registerProbeRoutes } from './routes/probes.js';
@@ -87,6 +88,7 @@ export class Gateway implements RouteHost {
     registerModelRoutes(this.router);
     registerAccountRoutes(this.router);
     registerCompletionRoutes(this.router);
+    registerCountTokensRoute(this.router);
     this.credits = new Credits({ ledger: this.ledger, limiter: this.limiter, logger: this.logger, now: () => this.clock.now() });
     this.restoreFromLedger();
     this.credits.resume();

@@ -66,6 +66,8 @@ export interface ModelConfig {
   maxOutputTokens: number;
   /** The largest output limit a request may set (max_tokens and the like). */
   outputTokenLimit: number;
+  /** The name clients show (Anthropic's `display_name`); default: the id. */
+  displayName: string;
 }
 
 export type Protocol = 'openai' | 'anthropic' | 'mock';

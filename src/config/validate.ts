@@ -298,7 +298,7 @@ function checkModels(c: Checker, record: Obj, providers: Map<string, ProviderCon
   const out = new Map<string, ModelConfig>();
   for (const [id, value] of Object.entries(record)) {
     const path = joinPath('models', id);
-    const o = c.object(path, value, ['provider', 'upstreamModel', 'price', 'maxOutputTokens', 'outputTokenLimit']);
+    const o = c.object(path, value, ['provider', 'upstreamModel', 'price', 'maxOutputTokens', 'outputTokenLimit', 'displayName']);
     if (o === null) continue;
     const provider = c.string(`${path}.provider`, o.provider, '');
     if (o.provider === undefined) c.fail(`${path}.provider`, 'is required');
@@ -317,6 +317,7 @@ function checkModels(c: Checker, record: Obj, providers: Map<string, ProviderCon
       upstreamModel: c.string(`${path}.upstreamModel`, o.upstreamModel, id),
       price: checkPrice(c, `${path}.price`, o.price),
       maxOutputTokens, outputTokenLimit,
+      displayName: c.string(`${path}.displayName`, o.displayName, id),
     });
   }
   return out;

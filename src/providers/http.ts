@@ -10,7 +10,7 @@ import { backoffMs, MAX_ATTEMPTS, RETRY_STATUSES, retryAfterMs } from './retry.j
 import { EventTooLarge, SseSplitter } from './sse.js';
 import { usageField } from './usage-field.js';
 import { Watch, Watchlist } from './watchlist.js';
-import type { Exchange, Provider } from './types.js';
+import type { CountRequest, Exchange, Provider } from './types.js';
 
 /** The most of a provider's non-streamed answer the gateway will hold to meter it (an embeddings batch can be tens of MB). */
 export const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
@@ -134,10 +134,65 @@ export class HttpProvider implements Provider {
   /** The provider's credential header, built once. */
   private readonly credentials: string[];
 
+  /** Where token counts go (Anthropic's count_tokens), or null for a kind that cannot count. */
+  private readonly countTarget: Target | null;
+
   constructor(private readonly config: ProviderConfig, private readonly kind: ProviderKind) {
     this.timeouts = new Watchlist(config.timeoutMs);
     this.credentials = kind.credentials(config.apiKey);
     for (const [endpoint, path] of Object.entries(kind.paths)) this.targets.set(endpoint, targetOf(new URL(config.baseUrl + path)));
+    this.countTarget = kind.countTokensPath === null ? null : targetOf(new URL(config.baseUrl + kind.countTokensPath));
+  }
+
+  /**
+   * A token count, passed through (the model swapped, the client's anthropic-version and
+   * anthropic-beta kept): one attempt under `timeoutMs`, the provider's JSON relayed as it is,
+   * its errors mapped as a call's are. A kind that cannot count answers an error, never a 0.
+   */
+  countTokens(request: CountRequest): void {
+    const target = this.countTarget;
+    if (target === null) {
+      return request.fail('invalid_request', {
+        message: `The model "${request.model.id}" is served over the ${this.config.protocol} protocol, which cannot count tokens.`,
+        fields: { param: 'model' },
+      });
+    }
+    const upstream = { ...request.body };
+    upstream.model = request.model.upstreamModel;
+    const body = JSON.stringify(upstream);
+    const headers = [
+      'host', target.host, 'content-type', 'application/json', 'content-length', String(Buffer.byteLength(body)),
+      'accept', 'application/json', 'accept-encoding', 'identity', 'x-request-id', request.requestId,
+      ...this.credentials, ...this.kind.headers((name) => request.header(name)),
+    ];
+    let over = false;
+    const finish = (then: () => void) => {
+      if (over) return;
+      over = true;
+      clearTimeout(timer);
+      then();
+    };
+    const req = target.send({ method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers });
+    const timer = setTimeout(() => finish(() => {
+      req.destroy();
+      request.fail('upstream_timeout', { message: `The provider did not answer within ${this.config.timeoutMs} ms.` });
+    }), this.config.timeoutMs);
+    request.onAbort(() => finish(() => req.destroy()));
+    req.on('error', (err) => finish(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(err)}).` })));
+    req.on('response', (res) => {
+      readSome(res, MAX_ERROR_BYTES, (answer, complete) => finish(() => {
+        const status = res.statusCode ?? 0;
+        if (status >= 200 && status < 300 && complete) return request.answer(answer);
+        if (status >= 200 && status < 300) return request.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
+        const message = providerMessage(answer.toString('utf8'));
+        if (status === 429) return request.fail('upstream_rate_limited', { retryAfterS: 1, ...(message ? { message } : {}) });
+        if (status === 503 || status === 529) return request.fail('upstream_overloaded', { retryAfterS: 1 });
+        if (status === 401 || status === 403) return request.fail('upstream_error', { message: 'The provider rejected the gateway\'s own credentials.' });
+        if (status >= 400 && status < 500) return request.failWith(`upstream_${status}`, upstreamStatusSpec(status), message ?? `The provider answered ${status}.`);
+        request.fail('upstream_error', { message: `The provider answered ${status}.` });
+      }));
+    });
+    req.end(body);
   }
 
   handle(ex: Exchange): void {

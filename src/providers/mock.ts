@@ -1,6 +1,8 @@
 import type { ProviderConfig } from '../config/types.js';
+import { tokensOf } from '../protocols/common.js';
 import { WIRES } from '../protocols/index.js';
-import type { Exchange, Provider } from './types.js';
+import { countChars } from '../protocols/messages/index.js';
+import type { CountRequest, Exchange, Provider } from './types.js';
 
 /**
  * The built-in provider with no network: answers in the protocol of the endpoint called (each
@@ -20,5 +22,10 @@ export class MockProvider implements Provider {
   private answer(ex: Exchange): void {
     if (ex.aborted) return;
     WIRES[ex.endpoint].mock(ex, this.config.tokensPerSecond);
+  }
+
+  /** The mock counts as it meters: 1 token per 4 characters of all message text, the system prompt included. */
+  countTokens(request: CountRequest): void {
+    request.answer(JSON.stringify({ input_tokens: tokensOf(countChars(request.body)) }));
   }
 }

@@ -80,6 +80,27 @@ export interface Exchange {
   cut(why: string, finalUsage?: Usage | null): void;
 }
 
+/**
+ * A token count (Anthropic's count_tokens) as a provider sees it: not a billed call, no slot;
+ * the provider answers through `answer` (a count) or `fail`.
+ */
+export interface CountRequest {
+  /** The client's parsed, checked request body. */
+  readonly body: Record<string, unknown>;
+  readonly model: ModelEntry;
+  readonly requestId: string;
+  /** A request header of the client (lowercase name). */
+  header(name: string): string | undefined;
+  /** Answers with the provider's JSON (passed through as it is) or the count. */
+  answer(json: Buffer | string): void;
+  fail(code: ErrorCode, details?: ErrorDetails): void;
+  failWith(code: string, spec: ErrorSpec, message: string): void;
+  /** Runs `stop` if the client goes away first. */
+  onAbort(stop: () => void): void;
+}
+
 export interface Provider {
   handle(exchange: Exchange): void;
+  /** Counts the input tokens of a Messages request; a provider that cannot count answers an error. */
+  countTokens(request: CountRequest): void;
 }

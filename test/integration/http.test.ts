@@ -98,7 +98,7 @@ describe('HTTP contract over a real socket', () => {
   test('GET /v1/models/{id}: the model, or 404 model_not_found when unknown or not allowed', async () => {
     const one = await fetch(`${gw.url}/v1/models/echo-1`, { headers: auth('sk-alice-narrow') });
     assert.equal(one.status, 200);
-    assert.deepEqual(Object.keys((await one.json()) as object), ['id', 'object', 'created', 'owned_by']);
+    assert.deepEqual(Object.keys((await one.json()) as object), ['id', 'object', 'created', 'owned_by', 'type', 'display_name', 'created_at', 'max_tokens']);
     await expectError(await fetch(`${gw.url}/v1/models/paid-1`, { headers: auth('sk-alice-narrow') }), 404, 'model_not_found');
     await expectError(await fetch(`${gw.url}/v1/models/ghost`, { headers: auth('sk-alice') }), 404, 'model_not_found');
     await expectError(await fetch(`${gw.url}/v1/models/echo-1-thinking`, { headers: auth('sk-alice') }), 404, 'model_not_found');

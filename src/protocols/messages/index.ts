@@ -39,6 +39,9 @@ export function thinkingLimits(maxTokens: number): { budget: number; maxTokens: 
 
 const OUTPUT = new Set(['text', 'thinking', 'input']);
 
+/** What the mock counts for count_tokens: the same characters it meters a call's input by. */
+export const countChars = messagesChars;
+
 export const messages: WireProtocol = {
   endpoint: 'messages',
   path: '/v1/messages',

@@ -1,0 +1,88 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { AccountEntry, KeyEntry } from '../directory.js';
+import { readBody } from '../http/body.js';
+import type { RequestContext } from '../http/context.js';
+import { baseHeaders, sendError, sendErrorSpec } from '../http/reply.js';
+import type { AccountLimits, KeyLimits } from '../limiter/types.js';
+import { checkBasics, checkMessages } from '../protocols/common.js';
+import type { CountRequest } from '../providers/types.js';
+import type { Router } from '../router.js';
+import type { RouteHost } from './host.js';
+
+/**
+ * POST /v1/messages/count_tokens (Anthropic's token counting, which Claude Code calls often):
+ * passed through to `anthropic` providers, counted by the mock as it meters, an error for a
+ * model that cannot count (never a made-up 0: a client that gets one stops compacting its
+ * context). Not billed and holding no slot; counted against the plan's RPM in a window of its
+ * own, so a burst of counts never eats the model calls' RPM.
+ */
+export function registerCountTokensRoute(router: Router<RouteHost>): void {
+  router.add('/v1/messages/count_tokens', { auth: true, anthropic: true, methods: { POST: countTokens } });
+}
+
+/** The limits of counting: the account's and key's rpm, in windows of their own (`#` is in no id). */
+function counting(account: AccountEntry): AccountLimits {
+  return { id: `${account.id}#count`, rpm: account.rpm, concurrency: null, dailyCapMicro: null, prepaid: false };
+}
+function countingKey(key: KeyEntry): KeyLimits {
+  return { id: `${key.id}#count`, rpm: key.rpm, concurrency: null };
+}
+
+function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse): void {
+  readBody(req, gw.config.server.maxBodyBytes, (result) => {
+    try {
+      if (!result.ok) {
+        if (result.reason === 'aborted') {
+          ctx.status = 499;
+          return gw.done(ctx);
+        }
+        ctx.closeConnection = true;
+        return sendError(ctx, res, 'payload_too_large', gw.done);
+      }
+      let body: unknown;
+      try {
+        body = JSON.parse(result.body.toString('utf8'));
+      } catch {
+        return sendError(ctx, res, 'invalid_json', gw.done);
+      }
+      const problem = checkBasics(body) ?? checkMessages(body as Record<string, unknown>);
+      if (problem !== null && !problem.ok) {
+        return sendError(ctx, res, 'invalid_request', gw.done, { message: problem.message, fields: { param: problem.param || null } });
+      }
+      const b = body as Record<string, unknown>;
+      const key = ctx.key!;
+      const model = gw.directory.resolveModel(key, b.model as string);
+      if (model === undefined) {
+        return sendError(ctx, res, 'model_not_found', gw.done, { message: `The model "${String(b.model)}" does not exist or this key may not use it.` });
+      }
+      gw.admit(ctx, res, gw.limiter.admitInstant(counting(key.account), countingKey(key), null), () => {
+        let stops: Array<() => void> = [];
+        res.on('close', () => {
+          if (!res.writableFinished) for (const stop of stops) stop();
+          stops = [];
+        });
+        const request: CountRequest = {
+          body: b, model, requestId: ctx.id,
+          header: (name) => {
+            const value = req.headers[name];
+            return Array.isArray(value) ? value[0] : value;
+          },
+          answer(json) {
+            const headers = baseHeaders(ctx, 'application/json');
+            headers.push('content-length', String(Buffer.byteLength(json)));
+            ctx.status = 200;
+            res.writeHead(200, headers);
+            res.end(json);
+            gw.done(ctx);
+          },
+          fail: (code, details) => sendError(ctx, res, code, gw.done, details),
+          failWith: (code, spec, message) => sendErrorSpec(ctx, res, code, spec, gw.done, { message }),
+          onAbort: (stop) => { stops.push(stop); },
+        };
+        gw.providers.get(model.provider.id)!.countTokens(request);
+      });
+    } catch (err) {
+      gw.fault(ctx, res, err);
+    }
+  });
+}
