@@ -1,0 +1,188 @@
+import Anthropic from '@anthropic-ai/sdk';
+import OpenAI from 'openai';
+import assert from 'node:assert/strict';
+import type { ServerResponse } from 'node:http';
+import { after, before, beforeEach, describe, test } from 'node:test';
+import { FakeUpstream, json } from '../helpers/fake-upstream.js';
+import { entriesOf, startGateway, testConfig, type Running } from '../helpers/gateway.js';
+
+/**
+ * The Responses API, token counting and the models list, driven by the official SDKs through
+ * the gateway to a fake provider (and to the mock), with the spend checked exactly in
+ * /v1/usage and the billing history (CONTRACT section 8).
+ */
+
+// $1 input, $2 output, $0.50 cached per million tokens.
+const PRICE = { inputPerMillion: 1, outputPerMillion: 2, cacheReadPerMillion: 0.5 };
+// 1,000 input tokens of which 400 cached, 50 output (10 of them reasoning): 600 + 200 + 100 micro-dollars.
+const USAGE = { input_tokens: 1000, input_tokens_details: { cached_tokens: 400 }, output_tokens: 50, output_tokens_details: { reasoning_tokens: 10 }, total_tokens: 1050 };
+const COST = 0.0009;
+
+function responseObject(output: unknown[], usage: unknown = USAGE) {
+  return {
+    id: 'resp_up', object: 'response', created_at: 1, status: 'completed', error: null, incomplete_details: null, instructions: null,
+    max_output_tokens: null, model: 'gpt-upstream', output, parallel_tool_calls: true, previous_response_id: null,
+    reasoning: { effort: null, summary: null }, store: false, temperature: 1, text: { format: { type: 'text' } }, tool_choice: 'auto',
+    tools: [], top_p: 1, truncation: 'disabled', usage, user: null, metadata: {},
+  };
+}
+const CALL = { id: 'fc_1', type: 'function_call', status: 'completed', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Paris"}' };
+
+/** A Responses stream with a function call, as the provider sends it. */
+function streamWithToolCall(res: ServerResponse): void {
+  res.writeHead(200, { 'content-type': 'text/event-stream' });
+  let n = 0;
+  const ev = (type: string, fields: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: n++, ...fields })}\n\n`;
+  const inProgress = responseObject([], null);
+  res.write(ev('response.created', { response: { ...inProgress, status: 'in_progress' } }));
+  res.write(ev('response.output_item.added', { output_index: 0, item: { ...CALL, status: 'in_progress', arguments: '' } }));
+  res.write(ev('response.function_call_arguments.delta', { item_id: 'fc_1', output_index: 0, delta: '{"city":' }));
+  res.write(ev('response.function_call_arguments.delta', { item_id: 'fc_1', output_index: 0, delta: '"Paris"}' }));
+  res.write(ev('response.function_call_arguments.done', { item_id: 'fc_1', output_index: 0, arguments: CALL.arguments }));
+  res.write(ev('response.output_item.done', { output_index: 0, item: CALL }));
+  res.end(ev('response.completed', { response: responseObject([CALL]) }));
+}
+
+describe('clients people use: Responses, count_tokens, the models list (official SDKs)', () => {
+  const up = new FakeUpstream();
+  let gw: Running;
+  let openai: OpenAI;
+  let anthropic: Anthropic;
+  before(async () => {
+    const base = await up.start();
+    gw = await startGateway(testConfig({
+      plans: { p: { rpm: 1000, concurrency: 10 }, counted: { rpm: 3, concurrency: 10 } },
+      accounts: { acct_c: { plan: 'p' }, acct_r: { plan: 'counted' } },
+      keys: { key_c: { account: 'acct_c', key: 'sk-clients' }, key_r: { account: 'acct_r', key: 'sk-rpm' } },
+      models: {
+        'echo-1': { provider: 'mock', displayName: 'Echo One' },
+        'gpt-r': { provider: 'oai', upstreamModel: 'gpt-upstream', price: PRICE },
+        'claude-c': { provider: 'ant', upstreamModel: 'claude-upstream', price: PRICE },
+      },
+      providers: {
+        mock: { protocol: 'mock' },
+        oai: { protocol: 'openai', baseUrl: `${base}/v1`, apiKeyEnv: 'UP_KEY' },
+        ant: { protocol: 'anthropic', baseUrl: base, apiKeyEnv: 'UP_KEY' },
+      },
+    }), { env: { UP_KEY: 'sk-provider' } });
+    openai = new OpenAI({ apiKey: 'sk-clients', baseURL: `${gw.url}/v1`, maxRetries: 0 });
+    anthropic = new Anthropic({ apiKey: 'sk-clients', baseURL: gw.url, maxRetries: 0 });
+  });
+  after(async () => {
+    await gw.close();
+    await up.close();
+  });
+  beforeEach(() => {
+    up.queue.length = 0;
+  });
+
+  const usageCost = async (model: string) => {
+    const res = await fetch(`${gw.url}/v1/usage?group_by=model`, { headers: { authorization: 'Bearer sk-clients' } });
+    const rows = ((await res.json()) as { data: Array<{ model: string; cost: number; requests: number; input_tokens: number; output_tokens: number }> }).data;
+    return rows.find((r) => r.model === model);
+  };
+
+  test('responses.create: a function call passes through; the spend is exact (cached input at the cache price, reasoning in output)', async () => {
+    up.queue.push((_req, res) => json(res, 200, responseObject([CALL])));
+    const response = await openai.responses.create({
+      model: 'gpt-r', input: [{ role: 'user', content: 'Weather in Paris?' }], store: false, max_output_tokens: 500,
+      tools: [{ type: 'function', name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } }, strict: false }],
+    });
+    const call = response.output[0] as OpenAI.Responses.ResponseFunctionToolCall;
+    assert.equal(call.type, 'function_call');
+    assert.equal(call.name, 'get_weather');
+    assert.equal(call.arguments, '{"city":"Paris"}');
+    const seen = up.seen.at(-1)!;
+    assert.equal(seen.path, '/v1/responses');
+    assert.equal(seen.body.model, 'gpt-upstream');
+    assert.equal(seen.body.store, false);
+    assert.equal(seen.headers.authorization, 'Bearer sk-provider');
+    const charge = entriesOf(gw, 'acct_c').at(-1)!;
+    assert.equal(charge.amountMicro, -COST * 1e6);
+    assert.equal(charge.estimated, false);
+    assert.equal(charge.inputTokens, 1000);
+    assert.equal(charge.outputTokens, 50);
+    const history = await (await fetch(`${gw.url}/v1/billing/history?limit=1`, { headers: { authorization: 'Bearer sk-clients' } })).json() as { data: Array<{ amount: number; model: string }> };
+    assert.deepEqual([history.data[0]!.amount, history.data[0]!.model], [-COST, 'gpt-r']);
+  });
+
+  test('responses, streamed through the SDK: the tool call\'s arguments arrive whole, charged once, exactly', async () => {
+    up.queue.push((_req, res) => streamWithToolCall(res));
+    const before = (await usageCost('gpt-r'))!;
+    const stream = openai.responses.stream({ model: 'gpt-r', input: 'Weather in Paris?', stream: true } as never);
+    const deltas: string[] = [];
+    stream.on('response.function_call_arguments.delta', (e) => deltas.push(e.delta));
+    const final = await stream.finalResponse();
+    assert.deepEqual(deltas, ['{"city":', '"Paris"}']);
+    assert.equal((final.output[0] as OpenAI.Responses.ResponseFunctionToolCall).arguments, '{"city":"Paris"}');
+    assert.equal(final.usage?.output_tokens_details.reasoning_tokens, 10);
+    const after = (await usageCost('gpt-r'))!;
+    assert.equal(after.requests, before.requests + 1);
+    assert.ok(Math.abs(after.cost - before.cost - COST) < 1e-9, `${after.cost - before.cost}`);
+  });
+
+  test('responses on the mock: plain and streamed, in the real event sequence', async () => {
+    const plain = await openai.responses.create({ model: 'echo-1', input: 'hello responses', max_output_tokens: 100 });
+    assert.equal(plain.output_text, 'hello responses');
+    assert.equal(plain.usage?.output_tokens, 4);
+    const stream = openai.responses.stream({ model: 'echo-1', input: [{ role: 'user', content: [{ type: 'input_text', text: 'streamed reply' }] }] });
+    const types: string[] = [];
+    stream.on('event', (e) => types.push(e.type));
+    const final = await stream.finalResponse();
+    assert.equal(final.output_text, 'streamed reply');
+    assert.deepEqual([...new Set(types)], [
+      'response.created', 'response.in_progress', 'response.output_item.added', 'response.content_part.added',
+      'response.output_text.delta', 'response.output_text.done', 'response.content_part.done', 'response.output_item.done', 'response.completed',
+    ]);
+    await assert.rejects(openai.responses.retrieve('resp_x'), (err: InstanceType<typeof OpenAI.NotFoundError>) => err.status === 404);
+  });
+
+  test('messages.countTokens: the mock counts as it meters; anthropic providers are asked, with their headers; others cannot count', async () => {
+    const counted = await anthropic.messages.countTokens({ model: 'echo-1', system: 'be brief', messages: [{ role: 'user', content: 'count these words' }] });
+    assert.equal(counted.input_tokens, Math.ceil(('be brief'.length + 'count these words'.length) / 4));
+    up.queue.push((_req, res) => json(res, 200, { input_tokens: 1234 }));
+    const passed = await anthropic.messages.countTokens(
+      { model: 'claude-c', messages: [{ role: 'user', content: 'hi' }] },
+      { headers: { 'anthropic-beta': 'token-efficient-tools-2025-02-19' } },
+    );
+    assert.equal(passed.input_tokens, 1234);
+    const seen = up.seen.at(-1)!;
+    assert.equal(seen.path, '/v1/messages/count_tokens');
+    assert.equal(seen.body.model, 'claude-upstream');
+    assert.equal(seen.headers['x-api-key'], 'sk-provider');
+    assert.equal(seen.headers['anthropic-beta'], 'token-efficient-tools-2025-02-19');
+    assert.ok(typeof seen.headers['anthropic-version'] === 'string');
+    await assert.rejects(anthropic.messages.countTokens({ model: 'gpt-r', messages: [{ role: 'user', content: 'hi' }] }),
+      (err: InstanceType<typeof Anthropic.BadRequestError>) => err.status === 400, 'never a made-up 0');
+    const entries = entriesOf(gw, 'acct_c').length;
+    await anthropic.messages.countTokens({ model: 'echo-1', messages: [{ role: 'user', content: 'free' }] });
+    assert.equal(entriesOf(gw, 'acct_c').length, entries, 'counting is not billed');
+  });
+
+  test('count_tokens has an RPM window of its own: a burst of counts never eats the model calls\' RPM', async () => {
+    const counter = new Anthropic({ apiKey: 'sk-rpm', baseURL: gw.url, maxRetries: 0 });
+    for (let i = 0; i < 3; i++) await counter.messages.countTokens({ model: 'echo-1', messages: [{ role: 'user', content: 'x' }] });
+    await assert.rejects(counter.messages.countTokens({ model: 'echo-1', messages: [{ role: 'user', content: 'x' }] }),
+      (err: InstanceType<typeof Anthropic.RateLimitError>) => err.status === 429);
+    for (let i = 0; i < 3; i++) {
+      const m = await counter.messages.create({ model: 'echo-1', max_tokens: 10, messages: [{ role: 'user', content: 'call' }] });
+      assert.equal((m.content[0] as { text: string }).text, 'call');
+    }
+  });
+
+  test('one models list for both SDKs', async () => {
+    const fromAnthropic: Array<{ id: string; display_name: string; type: string; created_at: string }> = [];
+    for await (const model of anthropic.models.list()) fromAnthropic.push(model);
+    assert.deepEqual(fromAnthropic.map((m) => m.id), ['claude-c', 'echo-1', 'gpt-r']);
+    const echo = fromAnthropic.find((m) => m.id === 'echo-1')!;
+    assert.equal(echo.display_name, 'Echo One');
+    assert.equal(echo.type, 'model');
+    assert.ok(!Number.isNaN(Date.parse(echo.created_at)));
+    assert.equal((await anthropic.models.retrieve('gpt-r')).display_name, 'gpt-r');
+    const fromOpenai: string[] = [];
+    for await (const model of openai.models.list()) fromOpenai.push(model.id);
+    assert.deepEqual(fromOpenai, ['claude-c', 'echo-1', 'gpt-r']);
+    const raw = (await (await fetch(`${gw.url}/v1/models`, { headers: { authorization: 'Bearer sk-clients' } })).json()) as Record<string, unknown>;
+    assert.deepEqual([raw.object, raw.has_more, raw.first_id, raw.last_id], ['list', false, 'claude-c', 'gpt-r']);
+  });
+});
