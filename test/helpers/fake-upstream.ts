@@ -117,3 +117,57 @@ function sendEvents(res: ServerResponse, events: string[], opts: { delayMs?: num
   };
   next();
 }
+
+/** An output item of a Responses answer: assistant text, or a function call. */
+export type ResponsesItem = { text: string } | { call: { call_id: string; name: string; arguments: string } };
+
+/** A complete Responses object (the non-streamed answer, and the one in response.completed). */
+export function responseObject(items: ResponsesItem[], usage: unknown) {
+  return {
+    id: 'resp_up', object: 'response', created_at: 1, status: 'completed', error: null, incomplete_details: null, instructions: null,
+    max_output_tokens: null, model: 'gpt-upstream', output: items.map(outputItem), parallel_tool_calls: true, previous_response_id: null,
+    reasoning: { effort: null, summary: null }, store: false, temperature: 1, text: { format: { type: 'text' } }, tool_choice: 'auto',
+    tools: [], top_p: 1, truncation: 'disabled', usage, user: null, metadata: {},
+  };
+}
+
+function outputItem(item: ResponsesItem, i: number) {
+  if ('call' in item) return { id: `fc_${i}`, type: 'function_call', status: 'completed', ...item.call };
+  return { id: `msg_${i}`, type: 'message', status: 'completed', role: 'assistant',
+    content: [{ type: 'output_text', text: item.text, annotations: [] }] };
+}
+
+/** A Responses stream in the provider's event sequence, each event with `type` and `sequence_number`. */
+export function responsesStream(items: ResponsesItem[], usage: unknown): Behaviour {
+  return (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    let n = 0;
+    const ev = (type: string, fields: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: n++, ...fields })}\n\n`;
+    const events = [ev('response.created', { response: { ...responseObject([], null), status: 'in_progress' } })];
+    items.forEach((item, output_index) => {
+      const done = outputItem(item, output_index);
+      const item_id = done.id;
+      if ('call' in item) {
+        events.push(
+          ev('response.output_item.added', { output_index, item: { ...done, status: 'in_progress', arguments: '' } }),
+          ...halves(item.call.arguments).map((delta) => ev('response.function_call_arguments.delta', { item_id, output_index, delta })),
+          ev('response.function_call_arguments.done', { item_id, output_index, arguments: item.call.arguments }),
+        );
+      } else {
+        const part = { type: 'output_text', text: '', annotations: [] };
+        events.push(
+          ev('response.output_item.added', { output_index, item: { ...done, status: 'in_progress', content: [] } }),
+          ev('response.content_part.added', { item_id, output_index, content_index: 0, part }),
+          ...halves(item.text).map((delta) => ev('response.output_text.delta', { item_id, output_index, content_index: 0, delta })),
+          ev('response.output_text.done', { item_id, output_index, content_index: 0, text: item.text }),
+          ev('response.content_part.done', { item_id, output_index, content_index: 0, part: { ...part, text: item.text } }),
+        );
+      }
+      events.push(ev('response.output_item.done', { output_index, item: done }));
+    });
+    events.push(ev('response.completed', { response: responseObject(items, usage) }));
+    sendEvents(res, events, {});
+  };
+}
+
+const halves = (s: string) => [s.slice(0, s.length >> 1), s.slice(s.length >> 1)];

@@ -1,9 +1,8 @@
 import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import assert from 'node:assert/strict';
-import type { ServerResponse } from 'node:http';
 import { after, before, beforeEach, describe, test } from 'node:test';
-import { FakeUpstream, json } from '../helpers/fake-upstream.js';
+import { FakeUpstream, json, responseObject, responsesStream } from '../helpers/fake-upstream.js';
 import { entriesOf, startGateway, testConfig, type Running } from '../helpers/gateway.js';
 
 /**
@@ -18,30 +17,7 @@ const PRICE = { inputPerMillion: 1, outputPerMillion: 2, cacheReadPerMillion: 0.
 const USAGE = { input_tokens: 1000, input_tokens_details: { cached_tokens: 400 }, output_tokens: 50, output_tokens_details: { reasoning_tokens: 10 }, total_tokens: 1050 };
 const COST = 0.0009;
 
-function responseObject(output: unknown[], usage: unknown = USAGE) {
-  return {
-    id: 'resp_up', object: 'response', created_at: 1, status: 'completed', error: null, incomplete_details: null, instructions: null,
-    max_output_tokens: null, model: 'gpt-upstream', output, parallel_tool_calls: true, previous_response_id: null,
-    reasoning: { effort: null, summary: null }, store: false, temperature: 1, text: { format: { type: 'text' } }, tool_choice: 'auto',
-    tools: [], top_p: 1, truncation: 'disabled', usage, user: null, metadata: {},
-  };
-}
-const CALL = { id: 'fc_1', type: 'function_call', status: 'completed', call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Paris"}' };
-
-/** A Responses stream with a function call, as the provider sends it. */
-function streamWithToolCall(res: ServerResponse): void {
-  res.writeHead(200, { 'content-type': 'text/event-stream' });
-  let n = 0;
-  const ev = (type: string, fields: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: n++, ...fields })}\n\n`;
-  const inProgress = responseObject([], null);
-  res.write(ev('response.created', { response: { ...inProgress, status: 'in_progress' } }));
-  res.write(ev('response.output_item.added', { output_index: 0, item: { ...CALL, status: 'in_progress', arguments: '' } }));
-  res.write(ev('response.function_call_arguments.delta', { item_id: 'fc_1', output_index: 0, delta: '{"city":' }));
-  res.write(ev('response.function_call_arguments.delta', { item_id: 'fc_1', output_index: 0, delta: '"Paris"}' }));
-  res.write(ev('response.function_call_arguments.done', { item_id: 'fc_1', output_index: 0, arguments: CALL.arguments }));
-  res.write(ev('response.output_item.done', { output_index: 0, item: CALL }));
-  res.end(ev('response.completed', { response: responseObject([CALL]) }));
-}
+const CALL = { call_id: 'call_1', name: 'get_weather', arguments: '{"city":"Paris"}' };
 
 describe('clients people use: Responses, count_tokens, the models list (official SDKs)', () => {
   const up = new FakeUpstream();
@@ -83,7 +59,7 @@ describe('clients people use: Responses, count_tokens, the models list (official
   };
 
   test('responses.create: a function call passes through; the spend is exact (cached input at the cache price, reasoning in output)', async () => {
-    up.queue.push((_req, res) => json(res, 200, responseObject([CALL])));
+    up.queue.push((_req, res) => json(res, 200, responseObject([{ call: CALL }], USAGE)));
     const response = await openai.responses.create({
       model: 'gpt-r', input: [{ role: 'user', content: 'Weather in Paris?' }], store: false, max_output_tokens: 500,
       tools: [{ type: 'function', name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } }, strict: false }],
@@ -107,7 +83,7 @@ describe('clients people use: Responses, count_tokens, the models list (official
   });
 
   test('responses, streamed through the SDK: the tool call\'s arguments arrive whole, charged once, exactly', async () => {
-    up.queue.push((_req, res) => streamWithToolCall(res));
+    up.queue.push(responsesStream([{ call: CALL }], USAGE));
     const before = (await usageCost('gpt-r'))!;
     const stream = openai.responses.stream({ model: 'gpt-r', input: 'Weather in Paris?', stream: true } as never);
     const deltas: string[] = [];
