@@ -4,15 +4,18 @@
  *
  *   npm run build && node --import tsx bench/proxy.ts [--rounds 5] [--duration 4] [--connections 32]
  *     [--rate 500] [--latency-rounds 2] [--latency-duration 5] [--stream-rate 200] [--stream-rounds 2] [--stream-duration 4]
+ *     [--responses-rounds 3]
  *
  * Three child processes on 127.0.0.1, besides the load generator (this process):
  *   provider  a fake OpenAI-compatible provider (this file, --role provider): POST
  *             /v1/chat/completions, checks the key and the upstream model, answers a fixed
  *             completion with `usage`; streamed: the first chunk at once, then after 2 ms three
- *             more chunks, a usage chunk and `data: [DONE]`
+ *             more chunks, a usage chunk and `data: [DONE]`. POST /v1/responses likewise, with
+ *             a Responses object, or its event sequence ending in `response.completed`
  *   proxy     the bare baseline (this file, --role proxy): node:http, reads the body, swaps
- *             `model` and the key, forwards on a keep-alive http.Agent, relays the answer and
- *             reads `usage` out of it. No auth, no limits, no log, no metering.
+ *             `model` and the key, forwards to the same path on a keep-alive http.Agent,
+ *             relays the answer and reads `usage` out of it. No auth, no limits, no log, no
+ *             metering.
  *   gateway   dist/main.js, a billable model on an `openai` provider at the fake, memory
  *             limiter and ledger, limits never reached, access log on (to a file).
  *
@@ -22,6 +25,10 @@
  *   2. open loop at a fixed rate, non-streaming: latency direct to the provider, through the
  *      proxy, through the gateway -> added latency at p50 and p99
  *   3. open loop, streaming: time to first token (first SSE event) direct / proxy / gateway
+ *   4. closed loop, the Responses API (POST /v1/responses), proxy vs gateway on the same body:
+ *      a small plain call, and a streamed call with a body the size and shape of Codex's
+ *      (instructions, tool schemas, the whole history: ~31 KiB, which the gateway walks for its
+ *      input estimate)
  * Prints tables and a final JSON line. Exits 1 when any answer is not a correct 200.
  */
 import { hash, randomBytes } from 'node:crypto';
@@ -69,6 +76,52 @@ const DONE_EVENT = 'data: [DONE]\n\n';
 /** What a client receives for one stream (when it asked for usage, as this bench's clients do). */
 const STREAM_BODY = FIRST_EVENT + REST_EVENTS + DONE_EVENT;
 
+const RESPONSE_TEXT = 'Hello! How can I help you today?';
+const RESPONSE_USAGE = { input_tokens: 9800, input_tokens_details: { cached_tokens: 8192 }, output_tokens: 9, output_tokens_details: { reasoning_tokens: 0 }, total_tokens: 9809 };
+function responseObject(status: string, text: string | null, usage: unknown) {
+  return {
+    id: 'resp_bench', object: 'response', created_at: 1_763_769_600, status, error: null, incomplete_details: null, instructions: null,
+    max_output_tokens: null, model: UPSTREAM_MODEL, parallel_tool_calls: true, previous_response_id: null, store: false, temperature: 1,
+    output: text === null ? [] : [{ id: 'msg_bench', type: 'message', status: 'completed', role: 'assistant', content: [{ type: 'output_text', text, annotations: [] }] }],
+    text: { format: { type: 'text' } }, tool_choice: 'auto', tools: [], top_p: 1, truncation: 'disabled', usage, metadata: {},
+  };
+}
+const RESPONSE = JSON.stringify(responseObject('completed', RESPONSE_TEXT, RESPONSE_USAGE));
+let sequence = 0;
+const responsesEvent = (type: string, fields: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: sequence++, ...fields })}\n\n`;
+const at = { item_id: 'msg_bench', output_index: 0, content_index: 0 };
+const RESPONSES_FIRST = responsesEvent('response.created', { response: responseObject('in_progress', null, null) }) +
+  responsesEvent('response.in_progress', { response: responseObject('in_progress', null, null) });
+const RESPONSES_REST = [
+  responsesEvent('response.output_item.added', { output_index: 0, item: { id: 'msg_bench', type: 'message', status: 'in_progress', role: 'assistant', content: [] } }),
+  responsesEvent('response.content_part.added', { ...at, part: { type: 'output_text', text: '', annotations: [] } }),
+  ...['Hello', '! How can I', ' help you today?'].map((delta) => responsesEvent('response.output_text.delta', { ...at, delta })),
+  responsesEvent('response.output_text.done', { ...at, text: RESPONSE_TEXT }),
+  responsesEvent('response.content_part.done', { ...at, part: { type: 'output_text', text: RESPONSE_TEXT, annotations: [] } }),
+  responsesEvent('response.output_item.done', { output_index: 0, item: JSON.parse(RESPONSE).output[0] }),
+].join('');
+const RESPONSES_DONE = responsesEvent('response.completed', { response: JSON.parse(RESPONSE) });
+const RESPONSES_STREAM = RESPONSES_FIRST + RESPONSES_REST + RESPONSES_DONE;
+
+/** A request shaped like Codex's: long instructions, tool schemas, the whole history (store: false). */
+function codexSizedBody(model: string, stream: boolean): string {
+  const prose = (n: number) => Array.from({ length: n }, (_, i) => `Rule ${i}: keep changes small, explain why, and run the tests before you finish.`).join('\n');
+  const tools = Array.from({ length: 8 }, (_, t) => ({
+    type: 'function', name: `tool_${t}`, description: prose(3), strict: false,
+    parameters: { type: 'object', additionalProperties: false, required: ['arg_0'], properties: Object.fromEntries(Array.from({ length: 10 }, (_, a) =>
+      [`arg_${a}`, { type: a % 2 === 0 ? 'string' : 'number', description: `Argument ${a} of tool ${t}: what it means and its default.` }])) },
+  }));
+  const input: unknown[] = [{ type: 'message', role: 'developer', content: [{ type: 'input_text', text: prose(120) }] }];
+  for (let turn = 0; turn < 6; turn++) {
+    input.push({ type: 'message', role: 'user', content: [{ type: 'input_text', text: `Step ${turn}: ${prose(4)}` }] });
+    input.push({ type: 'function_call', call_id: `call_${turn}`, name: 'tool_0', arguments: JSON.stringify({ arg_0: `ls -la src/${turn}` }) });
+    input.push({ type: 'function_call_output', call_id: `call_${turn}`, output: prose(6) });
+    input.push({ type: 'message', role: 'assistant', content: [{ type: 'output_text', text: prose(2) }] });
+  }
+  return JSON.stringify({ model, instructions: prose(40), input, tools, tool_choice: 'auto', parallel_tool_calls: true, reasoning: { summary: 'auto' },
+    store: false, stream, include: ['reasoning.encrypted_content'], prompt_cache_key: 'bench-session' });
+}
+
 function listening(server: ReturnType<typeof createServer>): void {
   server.listen(0, '127.0.0.1', () => {
     const { port } = server.address() as AddressInfo;
@@ -85,6 +138,7 @@ function listening(server: ReturnType<typeof createServer>): void {
 function runProvider(key: string): void {
   const body = Buffer.from(COMPLETION);
   const length = String(body.length);
+  const response = Buffer.from(RESPONSE);
   let n = 0;
   let connections = 0;
   let open = 0;
@@ -95,7 +149,8 @@ function runProvider(key: string): void {
       res.writeHead(200, ['content-type', 'application/json', 'content-length', String(stats.length)]);
       return void res.end(stats);
     }
-    if (req.method !== 'POST' || req.url !== '/v1/chat/completions') return void res.writeHead(404, ['content-length', '0']).end();
+    const responses = req.url === '/v1/responses';
+    if (req.method !== 'POST' || (req.url !== '/v1/chat/completions' && !responses)) return void res.writeHead(404, ['content-length', '0']).end();
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => {
@@ -111,15 +166,16 @@ function runProvider(key: string): void {
       if (parsed.model !== UPSTREAM_MODEL) return void res.writeHead(400).end('{"error":{"message":"bad model"}}');
       if (parsed.stream === true) {
         res.writeHead(200, ['content-type', 'text/event-stream; charset=utf-8', 'cache-control', 'no-cache', 'x-request-id', id]);
-        res.write(FIRST_EVENT);
+        res.write(responses ? RESPONSES_FIRST : FIRST_EVENT);
         setTimeout(() => {
-          res.write(REST_EVENTS);
-          res.end(DONE_EVENT);
+          res.write(responses ? RESPONSES_REST : REST_EVENTS);
+          res.end(responses ? RESPONSES_DONE : DONE_EVENT);
         }, STREAM_GAP_MS);
         return;
       }
-      res.writeHead(200, ['content-type', 'application/json', 'content-length', length, 'x-request-id', id, 'openai-processing-ms', '1']);
-      res.end(body);
+      const answer = responses ? response : body;
+      res.writeHead(200, ['content-type', 'application/json', 'content-length', responses ? String(answer.length) : length, 'x-request-id', id, 'openai-processing-ms', '1']);
+      res.end(answer);
     });
   });
   server.on('connection', (socket: Socket) => {
@@ -135,11 +191,17 @@ function runProxy(upstreamPort: number, key: string): void {
   const agent = new Agent({ keepAlive: true, maxSockets: 1024, scheduling: 'lifo' });
   let usageSeen = 0;
   const usageOf = (text: string): void => {
-    const at = text.indexOf('"usage":{');
+    const at = text.lastIndexOf('"usage":{');
     if (at === -1) return;
-    const end = text.indexOf('}', at);
-    const usage = JSON.parse(text.slice(at + 8, end + 1)) as { completion_tokens?: number };
-    usageSeen += usage.completion_tokens ?? 0;
+    let depth = 0;
+    for (let i = at + 8; i < text.length; i++) {
+      if (text[i] === '{') depth++;
+      else if (text[i] === '}' && --depth === 0) {
+        const usage = JSON.parse(text.slice(at + 8, i + 1)) as { completion_tokens?: number; output_tokens?: number };
+        usageSeen += usage.completion_tokens ?? usage.output_tokens ?? 0;
+        return;
+      }
+    }
   };
   const server = createServer({ keepAliveTimeout: 65_000 }, (req, res) => {
     const chunks: Buffer[] = [];
@@ -155,7 +217,7 @@ function runProxy(upstreamPort: number, key: string): void {
       body.model = UPSTREAM_MODEL;
       const out = Buffer.from(JSON.stringify(body));
       const up = httpRequest({
-        host: '127.0.0.1', port: upstreamPort, path: '/v1/chat/completions', method: 'POST', agent,
+        host: '127.0.0.1', port: upstreamPort, path: req.url, method: 'POST', agent,
         headers: { 'content-type': 'application/json', 'content-length': String(out.length), authorization: `Bearer ${key}` },
       }, (ur: IncomingMessage) => {
         const type = ur.headers['content-type'] ?? 'application/json';
@@ -203,17 +265,18 @@ interface Flags {
   streamRate: number;
   streamRounds: number;
   streamDurationS: number;
+  responsesRounds: number;
 }
 
 function parseFlags(argv: string[]): Flags {
   const flags: Flags = {
     rounds: 5, durationS: 4, connections: 32, warmupS: 2, rate: 500, latencyRounds: 2, latencyDurationS: 5,
-    streamRate: 100, streamRounds: 2, streamDurationS: 4,
+    streamRate: 100, streamRounds: 2, streamDurationS: 4, responsesRounds: 3,
   };
   const names: Record<string, keyof Flags> = {
     '--rounds': 'rounds', '--duration': 'durationS', '--connections': 'connections', '--warmup': 'warmupS', '--rate': 'rate',
     '--latency-rounds': 'latencyRounds', '--latency-duration': 'latencyDurationS', '--stream-rate': 'streamRate',
-    '--stream-rounds': 'streamRounds', '--stream-duration': 'streamDurationS',
+    '--stream-rounds': 'streamRounds', '--stream-duration': 'streamDurationS', '--responses-rounds': 'responsesRounds',
   };
   for (let i = 0; i < argv.length; i++) {
     const [name, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
@@ -424,6 +487,52 @@ async function main(): Promise<number> {
     process.stdout.write(`  new upstream connections the provider accepted per stream: proxy ${(opened.proxy / streamsOf('proxy')).toFixed(3)}, gateway ${(opened.gateway / streamsOf('gateway')).toFixed(3)}\n`);
     process.stdout.write(`  gateway added TTFT at p50: +${addTtft.toFixed(3)} ms (target <= ${TARGET_ADDED_TTFT_MS}: ${addTtft <= TARGET_ADDED_TTFT_MS ? 'met' : 'NOT met'})\n`);
 
+    // 4. The Responses API: proxy vs gateway on the same body, closed loop.
+    const responsesReq = (t: 'proxy' | 'gateway', body: string) => rawRequest('POST', portOf[t], '/v1/responses', {
+      authorization: `Bearer ${clientKey}`, 'content-type': 'application/json',
+    }, body);
+    const responsesCases = [
+      { name: 'plain, small body', body: JSON.stringify({ model: CLIENT_MODEL, input: 'Say hello to the benchmark.', max_output_tokens: 32, store: false }),
+        expectBytes: Buffer.byteLength(RESPONSE), check: null },
+      { name: `streamed, Codex-sized body (${(Buffer.byteLength(codexSizedBody(CLIENT_MODEL, true)) / 1024).toFixed(1)} KiB)`, body: codexSizedBody(CLIENT_MODEL, true),
+        expectBytes: null, check: (b: Buffer) => b.length === Buffer.byteLength(RESPONSES_STREAM) && b.toString('utf8').endsWith(RESPONSES_DONE) },
+    ];
+    for (const c of responsesCases) {
+      for (const t of closedTargets) {
+        const a = await once(portOf[t], responsesReq(t as 'proxy', c.body));
+        const expected = c.check === null ? RESPONSE : RESPONSES_STREAM;
+        if (a.status !== 200 || a.body!.toString('utf8') !== expected) throw new Error(`${t}: responses (${c.name}) answered ${a.status}: ${a.body?.toString('utf8').slice(0, 300)}`);
+      }
+    }
+    process.stdout.write(`\n4. closed loop, POST /v1/responses: ${flags.connections} connections, ${flags.responsesRounds} rounds x ${flags.durationS} s per target and body\n`);
+    process.stdout.write(`  ${'body'.padEnd(40)}${'round'.padEnd(6)}${'target'.padEnd(9)}${'req/s'.padStart(9)}${'p50 ms'.padStart(9)}${'srv us/req'.padStart(12)}  statuses\n`);
+    const responsesResults: Array<{ name: string; proxyRps: number; gatewayRps: number; ratio: number; paired: number; cpuRatio: number }> = [];
+    for (const c of responsesCases) {
+      const drive = (t: 'proxy' | 'gateway', durationS: number, watch?: Record<string, number>) => closedLoop({
+        port: portOf[t], requests: [responsesReq(t, c.body)], durationS, connections: flags.connections, expectBytes: c.expectBytes, check: c.check,
+        ...(watch === undefined ? {} : { watch }),
+      });
+      for (const t of closedTargets) await drive(t as 'proxy', flags.warmupS);
+      const runs: Record<string, RunResult[]> = { proxy: [], gateway: [] };
+      for (let r = 0; r < flags.responsesRounds; r++) {
+        for (const t of rotate(closedTargets, r) as Array<'proxy' | 'gateway'>) {
+          const res = await drive(t, flags.durationS, { server: pidOf[t] });
+          runs[t]!.push(res);
+          bad += non200(res);
+          process.stdout.write(`  ${c.name.padEnd(40)}${String(r + 1).padEnd(6)}${t.padEnd(9)}${fmtInt(res.rps).padStart(9)}${fmtMs(res.total.quantileUs(0.5)).padStart(9)}` +
+            `${(perReq(res, 'server') ?? NaN).toFixed(1).padStart(12)}  ${statusText(res)}\n`);
+        }
+      }
+      const proxyRps = median(runs.proxy!.map((r) => r.rps));
+      const gatewayRps = median(runs.gateway!.map((r) => r.rps));
+      const paired = median(runs.proxy!.map((p, i) => runs.gateway![i]!.rps / p.rps));
+      const cpuRatio = median(runs.gateway!.map((r) => perReq(r, 'server')!)) / median(runs.proxy!.map((r) => perReq(r, 'server')!));
+      responsesResults.push({ name: c.name, proxyRps: Math.round(proxyRps), gatewayRps: Math.round(gatewayRps), ratio: gatewayRps / proxyRps, paired, cpuRatio });
+      process.stdout.write(`  ${c.name}: gateway / proxy throughput ${(gatewayRps / proxyRps).toFixed(3)}x (target >= ${TARGET_THROUGHPUT}: ${gatewayRps / proxyRps >= TARGET_THROUGHPUT ? 'met' : 'NOT met'}), ` +
+        `paired per round ${paired.toFixed(3)}x; server CPU per request ${cpuRatio.toFixed(2)}x\n`);
+    }
+    others.endPhase('4 responses');
+
     const steal1 = machineCpu();
     const steal = steal0 !== null && steal1 !== null && steal1.total > steal0.total ? (steal1.steal - steal0.steal) / (steal1.total - steal0.total) : null;
     process.stdout.write(`\nCPU steal by other guests over the run: ${steal === null ? '?' : `${Math.round(steal * 100)}%`}; phases during which another bench (bench/ledger*) ran: ${others.disturbed().join(', ') || 'none'}; non-200 / bad answers: ${bad}\n`);
@@ -437,6 +546,7 @@ async function main(): Promise<number> {
       ttft: Object.fromEntries(all.map((t) => [t, { p50Ms: ttft[t].p50Us / 1000, p99Ms: ttft[t].p99Us / 1000 }])),
       addedTtftMs: { p50: r3(addTtft), p99: r3((ttft.gateway.p99Us - ttft.direct.p99Us) / 1000) },
       upstreamConnectionsPerStream: { proxy: r3(opened.proxy / streamsOf('proxy')), gateway: r3(opened.gateway / streamsOf('gateway')) },
+      responses: responsesResults.map((r) => ({ ...r, ratio: r3(r.ratio), paired: r3(r.paired), cpuRatio: r3(r.cpuRatio) })),
       steal: steal === null ? null : r3(steal), disturbedPhases: others.disturbed(), bad,
     })}\n`);
   } finally {

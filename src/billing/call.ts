@@ -71,6 +71,7 @@ export class BilledCall implements Exchange {
     readonly res: ServerResponse,
     readonly endpoint: Endpoint,
     call: CallRequest,
+    readonly text: string,
     readonly model: ModelEntry,
     readonly inputTokens: number,
     readonly maxOutputTokens: number,

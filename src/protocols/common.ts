@@ -1,5 +1,6 @@
 import { MAX_TOKENS } from '../money.js';
 import type { Exchange } from '../providers/types.js';
+import { replaceTopLevel } from './splice.js';
 import type { Checked } from './types.js';
 
 /** Helpers the wire protocols share: JSON shapes, token counts, checks, the mock's writing. */
@@ -179,11 +180,17 @@ export function checkMessages(body: Record<string, unknown>): Checked | null {
 }
 
 /**
- * A copy of the client's body with the upstream model. Copied whole, then `model` assigned:
- * `{ ...body, model }` would define `model` again through V8's slow path on every call.
+ * A copy of the client's body with the upstream model, for protocols that change more. Copied
+ * whole, then `model` assigned: `{ ...body, model }` would define `model` again through V8's
+ * slow path on every call.
  */
 export function withModel(ex: Exchange): Record<string, unknown> {
   const body = { ...ex.body };
   body.model = ex.model.upstreamModel;
   return body;
+}
+
+/** The client's body as JSON with the upstream model: spliced into the text as received when it can be. */
+export function modelSwapped(ex: Exchange): string {
+  return replaceTopLevel(ex.text, 'model', JSON.stringify(ex.model.upstreamModel)) ?? JSON.stringify(withModel(ex));
 }

@@ -47,8 +47,8 @@ export interface WireProtocol {
   check(body: unknown): Checked;
   /** The output one answer may produce, in tokens: the request's limit, or the model's default. */
   outputBudget(call: CallRequest, model: ModelEntry): number;
-  /** The client's body rewritten for a provider of this protocol (model swapped, usage asked for). */
-  upstreamBody(ex: Exchange): Record<string, unknown>;
+  /** The JSON sent to a provider of this protocol: the client's body with the model swapped (usage asked for, …). */
+  upstreamBody(ex: Exchange): string;
   /** Usage from a complete JSON answer, or null (none, or not believable). */
   usage(json: unknown): Usage | null;
   /** Characters of generated output in a complete JSON answer (its estimate when usage is missing). */

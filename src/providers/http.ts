@@ -198,7 +198,7 @@ export class HttpProvider implements Provider {
   handle(ex: Exchange): void {
     const target = this.targets.get(ex.endpoint)!;
     const wire = WIRES[ex.endpoint];
-    const body = JSON.stringify(wire.upstreamBody(ex));
+    const body = wire.upstreamBody(ex);
     const headers = [
       'host', target.host,
       'content-type', 'application/json',

@@ -76,6 +76,23 @@ export class SseSplitter {
 
 const NONE: string[] = [];
 
+/**
+ * The `event:` name of an event, or null when it has none. Cheap: it reads the name line only,
+ * so a watcher can pass over the events it has no use for without parsing their data.
+ */
+export function eventName(event: string): string | null {
+  let at: number;
+  if (event.startsWith('event:')) at = 6;
+  else {
+    at = event.indexOf('\nevent:');
+    if (at < 0) return null;
+    at += 7;
+  }
+  if (event.charCodeAt(at) === 32) at++;
+  const end = event.indexOf('\n', at);
+  return end < 0 ? event.slice(at) : event.slice(at, end);
+}
+
 /** The `data:` payload of an event (multi-line data joined with "\n"), or null when it has none. */
 export function eventData(event: string): string | null {
   let data: string | null = null;

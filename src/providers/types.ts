@@ -16,6 +16,8 @@ export interface Exchange {
   readonly endpoint: Endpoint;
   /** The client's parsed, validated request body. */
   readonly body: Record<string, unknown>;
+  /** The same body as text, as received (upstream bodies are spliced from it: protocols/splice.ts). */
+  readonly text: string;
   readonly model: ModelEntry;
   readonly stream: boolean;
   readonly requestId: string;

@@ -59,9 +59,10 @@ function afterBody(
       message: `The request body is larger than ${gw.config.server.maxBodyBytes} bytes.`,
     });
   }
+  const text = result.body.toString('utf8');
   let parsed: unknown;
   try {
-    parsed = JSON.parse(result.body.toString('utf8'));
+    parsed = JSON.parse(text);
   } catch {
     return sendError(ctx, res, 'invalid_json', gw.done);
   }
@@ -102,7 +103,7 @@ function afterBody(
     ? costMicro(model.price, { inputTokens, outputTokens: reservedOutput, cacheReadTokens: 0, cacheWriteTokens: 0 })
     : null;
   gw.admit(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, estimate), (decision) => {
-    const billed = new BilledCall(gw, ctx, req, res, endpoint, call, model, inputTokens, maxOutput, decision);
+    const billed = new BilledCall(gw, ctx, req, res, endpoint, call, text, model, inputTokens, maxOutput, decision);
     const provider = gw.providers.get(model.provider.id)!;
     try {
       provider.handle(billed);

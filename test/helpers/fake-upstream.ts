@@ -5,6 +5,8 @@ export interface Seen {
   path: string;
   headers: IncomingMessage['headers'];
   body: Record<string, unknown>;
+  /** The body as it arrived. */
+  text: string;
 }
 
 export type Behaviour = (req: IncomingMessage, res: ServerResponse, body: Record<string, unknown>) => void;
@@ -32,7 +34,7 @@ export class FakeUpstream {
       req.on('end', () => {
         const text = Buffer.concat(chunks).toString();
         const body = text === '' ? {} : (JSON.parse(text) as Record<string, unknown>);
-        this.seen.push({ path: req.url ?? '', headers: req.headers, body });
+        this.seen.push({ path: req.url ?? '', headers: req.headers, body, text });
         res.on('close', () => { if (!res.writableFinished) this.closedEarly++; });
         (this.queue.shift() ?? this.fallback)(req, res, body);
       });

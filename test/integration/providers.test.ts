@@ -68,6 +68,23 @@ describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
     assert.equal(lastCharge().estimated, false);
   });
 
+  test('the body goes upstream as the client wrote it, only the model swapped; a model named twice or in escapes is re-serialised', async () => {
+    // Key order, spacing, escapes and numbers as the client wrote them: only the model's value changes.
+    const written = '{ "messages" : [{"role":"user","content":"caf\\u00e9 \\"q\\" {x}"}],\n "model":"gpt-x", "temperature": 1.50 }';
+    for (let i = 0; i < 4; i++) up.queue.push((_req, res) => json(res, 200, openaiCompletion('ok')));
+    assert.equal((await postJson(`${gw.url}/v1/chat/completions`, 'sk-client', written)).status, 200);
+    assert.equal(up.seen.at(-1)!.text, written.replace('"gpt-x"', '"up-gpt"'));
+    // JSON.parse keeps the last of two keys, a provider's parser may keep the first: the client
+    // must not get to choose which model the provider runs. Re-serialised, the body has one.
+    for (const twice of ['{"model":"up-gpt","messages":[{"role":"user","content":"x"}],"model":"gpt-x"}',
+      '{"mod\\u0065l":"up-gpt","messages":[{"role":"user","content":"x"}],"model":"gpt-x"}']) {
+      assert.equal((await postJson(`${gw.url}/v1/chat/completions`, 'sk-client', twice)).status, 200);
+      const seen = up.seen.at(-1)!;
+      assert.equal(seen.text.match(/model/g)?.length, 1, seen.text);
+      assert.equal(seen.body.model, 'up-gpt');
+    }
+  });
+
   test('chat stream: usage is requested upstream, stripped for a client that did not ask, kept for one that did', async () => {
     const usage = { prompt_tokens: 100, completion_tokens: 50, total_tokens: 150 };
     up.queue.push(openaiStream(['Hel', 'lo'], usage));

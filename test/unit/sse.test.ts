@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
 import { describe, test } from 'node:test';
-import { EventTooLarge, SseSplitter } from '../../src/providers/sse.js';
+import { eventData, eventName, EventTooLarge, SseSplitter } from '../../src/providers/sse.js';
 import { rng } from '../helpers/fake-clock.js';
 
 /** The reference: the whole stream at once, line ends normalised, split at blank lines. */
@@ -67,4 +67,15 @@ describe('SseSplitter', () => {
     assert.equal(event!.length, 6 + 2048 * 4096 + 2);
     assert.ok(ms < 2000, `${Math.round(ms)} ms (rescanning the held text per chunk takes minutes)`);
   });
+});
+
+test('eventName reads the name line wherever it is, with or without the space; eventData joins data lines', () => {
+  assert.equal(eventName('event: response.created\ndata: {}\n\n'), 'response.created');
+  assert.equal(eventName('event:ping\n\n'), 'ping');
+  assert.equal(eventName('id: 7\nevent: message_stop\ndata: {}\n\n'), 'message_stop');
+  assert.equal(eventName('event: tail-without-newline'), 'tail-without-newline');
+  assert.equal(eventName('data: {"event: no"}\n\n'), null);
+  assert.equal(eventName(': comment\n\n'), null);
+  assert.equal(eventData('event: x\ndata: a\ndata:b\n\n'), 'a\nb');
+  assert.equal(eventData('event: x\n\n'), null);
 });

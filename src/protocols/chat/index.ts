@@ -1,6 +1,6 @@
 import type { Usage } from '../../money.js';
 import {
-  ABSENT, bad, checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, outputLimits, pieces, pump,
+  ABSENT, bad, checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
   sendJson, textChars, tokensOf, withModel,
 } from '../common.js';
 import { eventData } from '../../providers/sse.js';
@@ -23,6 +23,9 @@ export function chatUsage(u: unknown): Usage | null {
 }
 
 const OUTPUT = new Set(['content', 'refusal', 'arguments', 'reasoning_content']);
+
+/** The client asked for the usage chunk of a stream itself (else the gateway asks, and drops it). */
+const clientAskedUsage = (body: Record<string, unknown>) => isObj(body.stream_options) && body.stream_options.include_usage === true;
 
 export const chat: WireProtocol = {
   endpoint: 'chat',
@@ -53,14 +56,13 @@ export const chat: WireProtocol = {
   outputBudget: (call, model) => call.maxTokens ?? model.maxOutputTokens,
 
   upstreamBody(ex) {
+    if (!ex.stream || clientAskedUsage(ex.body)) return modelSwapped(ex);
+    // Usage is how the call is metered: always ask for it (the extra chunk is removed again
+    // below when the client did not ask for it).
     const body = withModel(ex);
-    if (ex.stream) {
-      // Usage is how the call is metered: always ask for it (the extra chunk is removed again
-      // below when the client did not ask for it).
-      const options = isObj(body.stream_options) ? body.stream_options : {};
-      body.stream_options = { ...options, include_usage: true };
-    }
-    return body;
+    const options = isObj(body.stream_options) ? body.stream_options : {};
+    body.stream_options = { ...options, include_usage: true };
+    return JSON.stringify(body);
   },
 
   usage: (json) => (isObj(json) ? chatUsage(json.usage) : null),
@@ -68,7 +70,7 @@ export const chat: WireProtocol = {
   outputChars: (json) => (isObj(json) ? textChars(json.choices, OUTPUT) : 0),
 
   watch(ex) {
-    const clientAsked = isObj(ex.body.stream_options) && ex.body.stream_options.include_usage === true;
+    const clientAsked = clientAskedUsage(ex.body);
     let usage: Usage | null = null;
     // Final only from the usage chunk (no choices, sent last) or at [DONE]: some compatible
     // servers report running usage in every chunk, which is not final if the stream breaks off.

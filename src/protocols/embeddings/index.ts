@@ -1,6 +1,6 @@
 import { hash } from 'node:crypto';
 import type { Usage } from '../../money.js';
-import { bad, checkBasics, isObj, sendJson, tokensOf, withModel } from '../common.js';
+import { bad, checkBasics, isObj, modelSwapped, sendJson, tokensOf } from '../common.js';
 import { chatUsage } from '../chat/index.js';
 import type { WireProtocol } from '../types.js';
 
@@ -52,7 +52,7 @@ export const embeddings: WireProtocol = {
 
   outputBudget: () => 0,
 
-  upstreamBody: withModel,
+  upstreamBody: modelSwapped,
 
   usage: (json) => (isObj(json) ? chatUsage(json.usage) : null),
 

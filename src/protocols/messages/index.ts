@@ -1,8 +1,8 @@
 import type { Usage } from '../../money.js';
 import { eventData } from '../../providers/sse.js';
 import {
-  checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, outputLimits, pieces, pump, sendJson,
-  sseEvent, textChars, tokensOf, withModel,
+  checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
+  sendJson, sseEvent, textChars, tokensOf, withModel,
 } from '../common.js';
 import type { WireProtocol } from '../types.js';
 
@@ -65,6 +65,7 @@ export const messages: WireProtocol = {
   },
 
   upstreamBody(ex) {
+    if (ex.body.max_tokens !== undefined && !ex.model.thinking) return modelSwapped(ex);
     const body = withModel(ex);
     if (body.max_tokens === undefined) body.max_tokens = ex.maxOutputTokens; // required upstream
     if (ex.model.thinking && body.thinking === undefined) {
@@ -73,7 +74,7 @@ export const messages: WireProtocol = {
       body.max_tokens = limits.maxTokens;
       body.thinking = { type: 'enabled', budget_tokens: limits.budget };
     }
-    return body;
+    return JSON.stringify(body);
   },
 
   usage: (json) => (isObj(json) ? messagesUsage(json.usage, null) : null),

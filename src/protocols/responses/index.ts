@@ -1,8 +1,8 @@
 import type { Usage } from '../../money.js';
-import { eventData } from '../../providers/sse.js';
+import { eventData, eventName } from '../../providers/sse.js';
 import {
-  ABSENT, bad, checkBasics, count, echo, INVALID, isObj, outputLimits, partsText, pieces, pump, sendJson, sseEvent, textChars,
-  tokensOf, withModel,
+  ABSENT, bad, checkBasics, count, echo, INVALID, isObj, modelSwapped, outputLimits, partsText, pieces, pump, sendJson, sseEvent,
+  textChars, tokensOf,
 } from '../common.js';
 import type { WireProtocol } from '../types.js';
 
@@ -33,6 +33,17 @@ const DELTAS = new Set([
   'response.reasoning_summary_text.delta', 'response.custom_tool_call_input.delta',
 ]);
 const OUTPUT = new Set(['text', 'arguments', 'refusal', 'input']);
+const PASS = { forward: true, final: false } as const;
+/**
+ * Events that carry nothing to meter. OpenAI echoes the instructions and tools in `created` and
+ * `in_progress`, and the `done` events repeat the whole output: tens of kilobytes for an agent.
+ */
+const PASSING = new Set([
+  'response.created', 'response.in_progress', 'response.queued', 'response.output_item.added', 'response.output_item.done',
+  'response.content_part.added', 'response.content_part.done', 'response.output_text.done', 'response.refusal.done',
+  'response.function_call_arguments.done', 'response.reasoning_summary_part.added', 'response.reasoning_summary_part.done',
+  'response.reasoning_summary_text.done', 'response.reasoning_text.done', 'response.output_text.annotation.added',
+]);
 
 /** An input item's text (a message's content, a tool's output). */
 function itemText(item: unknown): string {
@@ -86,7 +97,7 @@ export const responses: WireProtocol = {
 
   outputBudget: (call, model) => call.maxTokens ?? model.maxOutputTokens,
 
-  upstreamBody: withModel,
+  upstreamBody: modelSwapped,
 
   usage: (json) => (isObj(json) ? responsesUsage(json.usage) : null),
 
@@ -96,15 +107,19 @@ export const responses: WireProtocol = {
     let usage: Usage | null = null;
     return {
       see(event) {
+        // Known events that only pass through, some of them large, are skipped by name unparsed;
+        // anything else (an unknown or odd name, or none) is read from its data's `type`.
+        const name = eventName(event);
+        if (name !== null && PASSING.has(name)) return PASS;
         const data = eventData(event);
-        if (data === null) return { forward: true, final: false };
+        if (data === null) return PASS;
         let msg: unknown;
         try {
           msg = JSON.parse(data);
         } catch {
-          return { forward: true, final: false };
+          return PASS;
         }
-        if (!isObj(msg) || typeof msg.type !== 'string') return { forward: true, final: false };
+        if (!isObj(msg) || typeof msg.type !== 'string') return PASS;
         if (DELTAS.has(msg.type)) {
           if (typeof msg.delta === 'string') ex.noteOutput(msg.delta.length);
         } else if (FINAL.has(msg.type)) {
@@ -113,7 +128,7 @@ export const responses: WireProtocol = {
           if (usage !== null) ex.noteUsage(usage);
           return { forward: true, final: true };
         }
-        return { forward: true, final: false };
+        return PASS;
       },
       usage: () => usage,
     };

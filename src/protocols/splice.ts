@@ -1,0 +1,107 @@
+/**
+ * Rewriting one top-level field of a JSON body without re-serialising the rest. A model call
+ * usually needs only its `model` swapped for the upstream one, and an agent's body is tens of
+ * kilobytes (instructions, tools, the whole history): JSON.stringify of the parsed copy costs
+ * as much as the parse did, while the body's top level is a few dozen characters to scan
+ * (strings are skipped with indexOf, nested values by counting their brackets).
+ *
+ * The text must already have parsed as a JSON object. Anything unusual makes the splice
+ * decline (null), and the caller serialises as before: a key written with escapes, or the
+ * key present twice (JSON.parse keeps the last, a provider's parser may keep the first, so the
+ * client could otherwise steer which model the provider runs).
+ */
+
+const QUOTE = 34;
+const BACKSLASH = 92;
+const OPEN_BRACE = 123;
+const CLOSE_BRACE = 125;
+const OPEN_BRACKET = 91;
+const CLOSE_BRACKET = 93;
+const COMMA = 44;
+const COLON = 58;
+
+function isSpace(c: number): boolean {
+  return c === 32 || c === 10 || c === 13 || c === 9;
+}
+
+function skipSpace(text: string, i: number): number {
+  while (isSpace(text.charCodeAt(i))) i++;
+  return i;
+}
+
+/** The index just after the string that opens at `i` (a quote), or -1. */
+function stringEnd(text: string, i: number): number {
+  for (let from = i + 1; ;) {
+    const q = text.indexOf('"', from);
+    if (q < 0) return -1;
+    let b = q - 1;
+    while (text.charCodeAt(b) === BACKSLASH) b--;
+    if ((q - 1 - b) % 2 === 0) return q + 1; // an even run of backslashes: the quote is not escaped
+    from = q + 1;
+  }
+}
+
+/** The index just after the value that starts at `i`, or -1. */
+function valueEnd(text: string, i: number): number {
+  const c = text.charCodeAt(i);
+  if (c === QUOTE) return stringEnd(text, i);
+  if (c === OPEN_BRACE || c === OPEN_BRACKET) {
+    let depth = 0;
+    for (let j = i; j < text.length; j++) {
+      const d = text.charCodeAt(j);
+      if (d === QUOTE) {
+        j = stringEnd(text, j) - 1;
+        if (j < 0) return -1;
+      } else if (d === OPEN_BRACE || d === OPEN_BRACKET) depth++;
+      else if ((d === CLOSE_BRACE || d === CLOSE_BRACKET) && --depth === 0) return j + 1;
+    }
+    return -1;
+  }
+  // A number, true, false or null: up to the next separator.
+  let j = i;
+  while (j < text.length) {
+    const d = text.charCodeAt(j);
+    if (d === COMMA || d === CLOSE_BRACE || isSpace(d)) break;
+    j++;
+  }
+  return j === i ? -1 : j;
+}
+
+/**
+ * `text` with the value of its top-level `key` replaced by `json` (already serialised), or null
+ * when the key is not written there exactly once, plainly.
+ */
+export function replaceTopLevel(text: string, key: string, json: string): string | null {
+  const quoted = `"${key}"`;
+  let i = skipSpace(text, 0);
+  if (text.charCodeAt(i) !== OPEN_BRACE) return null;
+  i = skipSpace(text, i + 1);
+  let start = -1;
+  let end = -1;
+  if (text.charCodeAt(i) === CLOSE_BRACE) return null;
+  for (;;) {
+    if (text.charCodeAt(i) !== QUOTE) return null;
+    const keyEnd = stringEnd(text, i);
+    if (keyEnd < 0) return null;
+    // A key with an escape might spell `key` some other way: decline rather than decode.
+    for (let k = i + 1; k < keyEnd - 1; k++) if (text.charCodeAt(k) === BACKSLASH) return null;
+    const isKey = keyEnd - i === quoted.length && text.startsWith(quoted, i);
+    i = skipSpace(text, keyEnd);
+    if (text.charCodeAt(i) !== COLON) return null;
+    i = skipSpace(text, i + 1);
+    const after = valueEnd(text, i);
+    if (after < 0) return null;
+    if (isKey) {
+      if (start >= 0) return null; // twice
+      start = i;
+      end = after;
+    }
+    i = skipSpace(text, after);
+    const c = text.charCodeAt(i);
+    if (c === CLOSE_BRACE) break;
+    if (c !== COMMA) return null;
+    i = skipSpace(text, i + 1);
+  }
+  if (start < 0) return null;
+  return text.slice(0, start) + json + text.slice(end);
+}
