@@ -3,7 +3,7 @@ import { mkdir, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { entriesOf, sha, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+import { accessLog, entriesOf, sha, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 import { installClient, RefusingProxy, runClient, type Installed } from '../helpers/real-client.js';
 
 /**
@@ -72,7 +72,7 @@ describe(`Claude Code ${VERSION} (claude -p, ANTHROPIC_BASE_URL)`, () => {
     assert.match(report.result, /CLAUDE-MARKER-9/);
 
     // Every request Claude Code made was one the gateway answers.
-    const requests = gw.logs.map((line) => JSON.parse(line) as Record<string, unknown>).filter((l) => l.msg === 'request');
+    const requests = accessLog(gw);
     assert.ok(requests.some((r) => r.path === '/v1/messages'), JSON.stringify(requests));
     for (const r of requests) assert.ok((r.status as number) < 300, `Claude Code got ${r.status} for ${r.method} ${r.path}`);
 

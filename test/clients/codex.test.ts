@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { FakeUpstream, responsesStream } from '../helpers/fake-upstream.js';
-import { entriesOf, sha, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+import { accessLog, entriesOf, sha, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 import { installClient, RefusingProxy, runClient, type Installed } from '../helpers/real-client.js';
 
 /**
@@ -107,7 +107,7 @@ describe(`Codex CLI ${VERSION} (codex exec, wire_api = "responses")`, () => {
     assert.match(result.stdout, /CODEX-MARKER-7/);
 
     // Every request Codex made was one the gateway answers.
-    const requests = gw.logs.map((line) => JSON.parse(line) as Record<string, unknown>).filter((l) => l.msg === 'request');
+    const requests = accessLog(gw);
     assert.ok(requests.some((r) => r.path === '/v1/responses'), JSON.stringify(requests));
     for (const r of requests) assert.ok((r.status as number) < 300, `Codex got ${r.status} for ${r.method} ${r.path}`);
 

@@ -83,6 +83,12 @@ export function auth(key: string, extra: Record<string, string> = {}): Record<st
   return { authorization: `Bearer ${key}`, ...extra };
 }
 
+/** The gateway's access-log lines so far, parsed (the logger writes lines in batches). */
+export function accessLog(gw: Running): Array<Record<string, unknown>> {
+  gw.gateway.logger.flush();
+  return gw.logs.join('').split('\n').filter((l) => l !== '').map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === 'request');
+}
+
 export async function postJson(url: string, key: string, body: unknown, headers: Record<string, string> = {}) {
   return fetch(url, {
     method: 'POST',

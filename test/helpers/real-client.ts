@@ -6,39 +6,50 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
 /**
- * Real clients (Claude Code, Codex) for the client tests. They ship hundreds of megabytes of
- * native binary, so they are not dev dependencies: the pinned version is installed on demand
- * into a cache outside the repo (MG_CLIENTS_DIR, default <tmp>/model-gateway-clients), reused
- * between runs. Anything that prevents installing or starting one is a reason to skip, not a
- * failure; what the client then does against the gateway is the test.
+ * Real clients (Claude Code, Codex, the AI SDK) for the client tests. They are large (Claude
+ * Code and Codex ship hundreds of megabytes of native binary), so they are not dev dependencies:
+ * the pinned versions are installed on demand into a cache outside the repo (MG_CLIENTS_DIR,
+ * default <tmp>/model-gateway-clients), reused between runs. Anything that prevents installing
+ * or starting one is a reason to skip, not a failure; what the client then does against the
+ * gateway is the test.
  */
 
 export const CLIENTS_DIR = process.env.MG_CLIENTS_DIR ?? join(tmpdir(), 'model-gateway-clients');
 const INSTALL_TIMEOUT_MS = 10 * 60_000;
 
 export type Installed = { bin: string } | { skip: string };
+export type InstalledPackages = { dir: string } | { skip: string };
 
-/** Installs `pkg@version` once (atomically: a temp folder renamed into place) and returns its binary. */
-export async function installClient(pkg: string, version: string, binName: string): Promise<Installed> {
-  const home = join(CLIENTS_DIR, `${pkg.replace('/', '+')}@${version}`);
-  const bin = join(home, 'node_modules', '.bin', binName);
-  if (!existsSync(join(home, '.installed'))) {
+/**
+ * Installs exact `specs` (`name@version`) together, once, atomically (a temp folder renamed into
+ * place), and returns the folder whose node_modules holds them.
+ */
+export async function installPackages(specs: string[]): Promise<InstalledPackages> {
+  const dir = join(CLIENTS_DIR, specs.map((spec) => spec.replace('/', '+')).join(','));
+  if (existsSync(join(dir, '.installed'))) return { dir };
+  try {
+    await mkdir(CLIENTS_DIR, { recursive: true });
+    const staging = await mkdtemp(join(CLIENTS_DIR, '.staging-'));
     try {
-      await mkdir(CLIENTS_DIR, { recursive: true });
-      const staging = await mkdtemp(join(CLIENTS_DIR, '.staging-'));
-      try {
-        await writeFile(join(staging, 'package.json'), '{"private":true}\n');
-        await run('npm', ['install', '--prefix', staging, '--no-audit', '--no-fund', '--no-save', '--loglevel=error', `${pkg}@${version}`], INSTALL_TIMEOUT_MS);
-        await writeFile(join(staging, '.installed'), `${pkg}@${version}\n`);
-        // Another run may have finished first; then its copy is as good as ours.
-        await rename(staging, home).catch(() => undefined);
-      } finally {
-        await rm(staging, { recursive: true, force: true });
-      }
-    } catch (err) {
-      return { skip: `${pkg}@${version} could not be installed into ${CLIENTS_DIR}: ${(err as Error).message.split('\n')[0]}` };
+      await writeFile(join(staging, 'package.json'), '{"private":true}\n');
+      await run('npm', ['install', '--prefix', staging, '--no-audit', '--no-fund', '--no-save', '--loglevel=error', ...specs], INSTALL_TIMEOUT_MS);
+      await writeFile(join(staging, '.installed'), `${specs.join('\n')}\n`);
+      // Another run may have finished first; then its copy is as good as ours.
+      await rename(staging, dir).catch(() => undefined);
+    } finally {
+      await rm(staging, { recursive: true, force: true });
     }
+  } catch (err) {
+    return { skip: `${specs.join(' ')} could not be installed into ${CLIENTS_DIR}: ${(err as Error).message.split('\n')[0]}` };
   }
+  return { dir };
+}
+
+/** Installs `pkg@version` once and returns its binary, checked to run and to be that version. */
+export async function installClient(pkg: string, version: string, binName: string): Promise<Installed> {
+  const installed = await installPackages([`${pkg}@${version}`]);
+  if ('skip' in installed) return installed;
+  const bin = join(installed.dir, 'node_modules', '.bin', binName);
   try {
     const out = await run(bin, ['--version'], 60_000);
     if (!out.includes(version)) return { skip: `${bin} --version printed ${JSON.stringify(out.trim())}, not ${version}` };

@@ -2,13 +2,7 @@ import Anthropic from '@anthropic-ai/sdk';
 import OpenAI from 'openai';
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
-
-/** Access-log lines of the gateway, parsed. */
-function accessLog(gw: Running): Array<Record<string, unknown>> {
-  gw.gateway.logger.flush();
-  return gw.logs.join('').trim().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>).filter((l) => l.msg === 'request');
-}
+import { accessLog, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
 describe('the official SDKs as clients', () => {
   let gw: Running;
