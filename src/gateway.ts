@@ -221,7 +221,7 @@ export class Gateway implements RouteHost {
     ctx.logged = true;
     const ms = performance.now() - ctx.startMs;
     this.metrics.request(ctx.route, ctx.status, ms / 1000);
-    this.logger.access(ctx.id, ctx.method, ctx.path, ctx.status, ms, ctx.key?.account.id ?? null);
+    this.logger.access(ctx.id, ctx.method, ctx.path, ctx.status, ms, ctx.key?.account.id ?? null, ctx.dropped);
   };
 
   /**

@@ -47,13 +47,13 @@ export class Logger {
    * JSON-escaped only when they need it. Request ids and account ids are restricted to safe
    * characters by the config and the request-id check.
    */
-  access(requestId: string, method: string, path: string, status: number, ms: number, accountId: string | null): void {
+  access(requestId: string, method: string, path: string, status: number, ms: number, accountId: string | null, dropped: string | null = null): void {
     if (RANK.info < this.min) return;
     const us = Math.round(ms * 1000);
     const whole = Math.floor(us / 1000);
     const frac = us - whole * 1000;
     this.push(
-      `{"time":"${this.isoNow()}","level":"info","msg":"request","request_id":"${requestId}","method":${quote(method)},"path":${this.quotePath(path)},"status":${status},"ms":${whole}.${frac < 10 ? '00' : frac < 100 ? '0' : ''}${frac},"account_id":${accountId === null ? 'null' : `"${accountId}"`}}`,
+      `{"time":"${this.isoNow()}","level":"info","msg":"request","request_id":"${requestId}","method":${quote(method)},"path":${this.quotePath(path)},"status":${status},"ms":${whole}.${frac < 10 ? '00' : frac < 100 ? '0' : ''}${frac},"account_id":${accountId === null ? 'null' : `"${accountId}"`}${dropped === null ? '' : `,"dropped":${quote(dropped)}`}}`,
     );
   }
 

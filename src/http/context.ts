@@ -36,6 +36,8 @@ export class RequestContext {
   param = '';
   /** Set once the access log line is written. */
   logged = false;
+  /** Request fields a translation left out (the log line's `dropped`), or null. */
+  dropped: string | null = null;
   /** The matched route's pattern, for metrics. */
   route = 'unmatched';
   /** Whether the request has a Host header (HTTP/1.1 requires one). */

@@ -10,6 +10,8 @@ import type { CallRequest, Endpoint, WireProtocol } from '../protocols/types.js'
 import type { Protocol } from '../config/types.js';
 import { KINDS, supports } from '../providers/kinds.js';
 import type { Router } from '../router.js';
+import { TranslatedCall, translatorFor, Untranslatable, type Translator } from '../translate/index.js';
+import type { TranslatedRequest } from '../translate/types.js';
 import type { RouteHost } from './host.js';
 
 /** The model calls: one POST route per wire protocol (src/protocols/). */
@@ -77,11 +79,16 @@ function afterBody(
     });
   }
   const protocol = model.provider.protocol;
+  // A model on an endpoint its provider does not speak is translated (src/translate/).
+  let translator: Translator | null = null;
   if (protocol !== 'mock' && !supports(protocol, endpoint)) {
-    return sendError(ctx, res, 'invalid_request', gw.done, {
-      message: `The model "${call.model}" is served over the ${protocol} protocol, which has no ${wire.path}; use ${servedPaths(protocol)}.`,
-      fields: { param: 'model' },
-    });
+    translator = translatorFor(endpoint, protocol);
+    if (translator === null) {
+      return sendError(ctx, res, 'invalid_request', gw.done, {
+        message: `The model "${call.model}" is served over the ${protocol} protocol, which has no ${wire.path}; use ${servedPaths(protocol)}.`,
+        fields: { param: 'model' },
+      });
+    }
   }
   const outputProblem = checkOutputLimits(call, model.outputTokenLimit);
   if (outputProblem !== null) {
@@ -93,11 +100,23 @@ function afterBody(
       message: `The request body nests deeper than ${MAX_DEPTH} levels.`, fields: { param: null },
     });
   }
+  let translated: TranslatedRequest | null = null;
+  if (translator !== null) {
+    try {
+      translated = translator.request(call.body, {
+        model: model.id, maxOutputTokens: call.maxTokens ?? model.maxOutputTokens, inputTokens, requestId: ctx.id, clientBody: call.body,
+      });
+    } catch (err) {
+      if (!(err instanceof Untranslatable)) throw err;
+      return sendError(ctx, res, 'invalid_request', gw.done, { message: err.message, fields: { param: err.param } });
+    }
+    if (translated.dropped.length > 0) ctx.dropped = translated.dropped.join(',');
+  }
   // A call whose charge could not be recorded must not reach the provider (which would bill it).
   if (!gw.ledger.ready()) return sendError(ctx, res, 'ledger_unavailable', gw.done, { retryAfterS: 1 });
   // Reserve for what the provider may really produce (a `-thinking` model's raised limit);
   // every answer of `n` may use the whole output budget.
-  const maxOutput = wire.outputBudget(call, model);
+  const maxOutput = (translator === null ? wire : WIRES[translator.provider]).outputBudget(call, model);
   const reservedOutput = Math.min(MAX_TOKENS, maxOutput * call.choices);
   const estimate = model.billable
     ? costMicro(model.price, { inputTokens, outputTokens: reservedOutput, cacheReadTokens: 0, cacheWriteTokens: 0 })
@@ -106,7 +125,10 @@ function afterBody(
     const billed = new BilledCall(gw, ctx, req, res, endpoint, call, text, model, inputTokens, maxOutput, decision);
     const provider = gw.providers.get(model.provider.id)!;
     try {
-      provider.handle(billed);
+      provider.handle(translated === null ? billed : new TranslatedCall(billed, translator!, translated, {
+        model: model.id, maxOutputTokens: maxOutput, inputTokens, requestId: ctx.id, clientBody: call.body, names: translated.names,
+        created: Math.floor(gw.clock.now() / 1000),
+      }));
     } catch (err) {
       billed.crash(err);
     }

@@ -173,3 +173,21 @@ export function responsesStream(items: ResponsesItem[], usage: unknown): Behavio
 }
 
 const halves = (s: string) => [s.slice(0, s.length >> 1), s.slice(s.length >> 1)];
+
+/** A recorded stream (test/fixtures/streams) sent as it is, in `parts` arbitrary byte chunks. */
+export function recordedStream(bytes: Buffer, parts = 7): Behaviour {
+  return (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    const size = Math.ceil(bytes.length / parts);
+    const chunks: Buffer[] = [];
+    for (let at = 0; at < bytes.length; at += size) chunks.push(bytes.subarray(at, at + size));
+    let i = 0;
+    const next = () => {
+      if (res.destroyed) return;
+      if (i >= chunks.length) return void res.end();
+      res.write(chunks[i++]);
+      setImmediate(next);
+    };
+    next();
+  };
+}

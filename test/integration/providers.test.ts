@@ -131,11 +131,11 @@ describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
     assert.equal(lastCharge().model, 'claude-x-thinking');
   });
 
-  test('an endpoint the model\'s protocol lacks is 400 before admission', async () => {
+  test('an endpoint the model\'s protocol lacks, with no translation to it, is 400 before admission', async () => {
     const hits = up.hits;
-    const res = await postJson(`${gw.url}/v1/messages`, 'sk-client', { model: 'gpt-x', max_tokens: 5, messages: [{ role: 'user', content: 'x' }] });
+    const res = await postJson(`${gw.url}/v1/embeddings`, 'sk-client', { model: 'claude-x', input: 'x' });
     assert.equal(res.status, 400);
-    assert.match(((await res.json()) as { error: { message: string } }).error.message, /openai protocol/);
+    assert.match(((await res.json()) as { error: { message: string } }).error.message, /anthropic protocol, which has no \/v1\/embeddings; use \/v1\/messages/);
     assert.equal(up.hits, hits);
   });
 

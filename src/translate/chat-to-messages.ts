@@ -1,0 +1,294 @@
+import { isObj } from '../protocols/common.js';
+import { eventData } from '../providers/sse.js';
+import {
+  argumentsObject, checkKnown, dataEvent, dataUrl, refuse, textOf, toolId, toolName,
+} from './common.js';
+import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
+
+/**
+ * A Chat Completions client on an Anthropic (Messages) provider: the request becomes a Messages
+ * request, the answer a chat completion, the stream chat chunks, event by event.
+ */
+
+const KNOWN = new Set([
+  'model', 'messages', 'max_tokens', 'max_completion_tokens', 'stream', 'stream_options', 'stop', 'temperature', 'top_p', 'n', 'tools',
+  'tool_choice', 'parallel_tool_calls', 'user', 'safety_identifier', 'metadata', 'store', 'seed', 'service_tier', 'prompt_cache_key',
+  'logprobs', 'top_logprobs', 'presence_penalty', 'frequency_penalty', 'logit_bias', 'response_format', 'reasoning_effort', 'modalities',
+]);
+/** Optional fields without an Anthropic equivalent that leave the meaning of the call alone. */
+const DROPPABLE = ['store', 'seed', 'service_tier', 'prompt_cache_key', 'metadata'];
+/** Extended-thinking budgets for OpenAI's reasoning efforts. */
+const EFFORT_BUDGET: Record<string, number> = { low: 1024, medium: 4096, high: 16384 };
+
+type Block = Record<string, unknown>;
+type Turn = { role: 'user' | 'assistant'; content: Block[] };
+
+const FINISH: Record<string, string> = {
+  end_turn: 'stop', stop_sequence: 'stop', pause_turn: 'stop', max_tokens: 'length', model_context_window_exceeded: 'length',
+  tool_use: 'tool_calls', refusal: 'content_filter',
+};
+
+function request(body: Record<string, unknown>, facts: CallFacts): TranslatedRequest {
+  checkKnown(body, KNOWN, 'Anthropic Messages');
+  const dropped: string[] = [];
+  const names = new Map<string, string>();
+  if (body.n !== undefined && body.n !== null && body.n !== 1) refuse('n', '"n" above 1 has no equivalent on this model\'s provider (Anthropic answers once per call).');
+  if (body.logprobs === true) refuse('logprobs', '"logprobs" has no equivalent on this model\'s provider.');
+  if (typeof body.top_logprobs === 'number' && body.top_logprobs > 0) refuse('top_logprobs', '"top_logprobs" has no equivalent on this model\'s provider.');
+  for (const penalty of ['presence_penalty', 'frequency_penalty']) {
+    if (body[penalty] !== undefined && body[penalty] !== null && body[penalty] !== 0) refuse(penalty, `"${penalty}" has no equivalent on this model's provider.`);
+  }
+  if (isObj(body.logit_bias) && Object.keys(body.logit_bias).length > 0) refuse('logit_bias', '"logit_bias" has no equivalent on this model\'s provider.');
+  if (body.response_format !== undefined && body.response_format !== null && !(isObj(body.response_format) && body.response_format.type === 'text')) {
+    refuse('response_format', '"response_format" (JSON output) has no equivalent on this model\'s provider; describe the format in the prompt.');
+  }
+  if (body.modalities !== undefined && body.modalities !== null && !(Array.isArray(body.modalities) && body.modalities.every((m) => m === 'text'))) {
+    refuse('modalities', 'Only text output can be translated for this model\'s provider.');
+  }
+  for (const field of DROPPABLE) if (body[field] !== undefined && body[field] !== null) dropped.push(field);
+
+  const out: Record<string, unknown> = { model: body.model };
+  const system: Block[] = [];
+  const turns: Turn[] = [];
+  const push = (role: Turn['role'], blocks: Block[]) => {
+    if (blocks.length === 0) return;
+    const last = turns.at(-1);
+    if (last !== undefined && last.role === role) last.content.push(...blocks);
+    else turns.push({ role, content: blocks });
+  };
+  (body.messages as unknown[]).forEach((m, i) => {
+    const msg = m as Record<string, unknown>;
+    const at = `messages[${i}]`;
+    switch (msg.role) {
+      case 'system':
+      case 'developer': {
+        const text = textOf(msg.content, `${at}.content`);
+        if (text !== '') system.push({ type: 'text', text });
+        break;
+      }
+      case 'user':
+        push('user', userBlocks(msg.content, `${at}.content`, dropped));
+        break;
+      case 'assistant':
+        push('assistant', assistantBlocks(msg, at, names));
+        break;
+      case 'tool':
+        push('user', [{ type: 'tool_result', tool_use_id: toolId(msg.tool_call_id, `call_${i}`), content: textOf(msg.content, `${at}.content`) }]);
+        break;
+      default:
+        refuse(`${at}.role`, `"${at}.role" ${JSON.stringify(msg.role)} has no equivalent on this model's provider.`);
+    }
+  });
+  if (system.length > 0) out.system = system;
+  out.messages = turns;
+  out.max_tokens = facts.maxOutputTokens;
+  if (body.stop !== undefined && body.stop !== null) out.stop_sequences = typeof body.stop === 'string' ? [body.stop] : body.stop;
+  if (body.temperature !== undefined && body.temperature !== null) {
+    if (typeof body.temperature === 'number' && body.temperature > 1) refuse('temperature', '"temperature" must be from 0 to 1 for this model\'s provider.');
+    out.temperature = body.temperature;
+  }
+  if (body.top_p !== undefined && body.top_p !== null) out.top_p = body.top_p;
+  if (body.stream === true) out.stream = true;
+  const user = typeof body.user === 'string' ? body.user : typeof body.safety_identifier === 'string' ? body.safety_identifier : null;
+  if (user !== null) out.metadata = { user_id: user };
+  tools(body, out, names);
+  const effort = body.reasoning_effort;
+  if (typeof effort === 'string' && EFFORT_BUDGET[effort] !== undefined) {
+    const maxTokens = out.max_tokens as number;
+    if (maxTokens <= 1024) refuse('reasoning_effort', '"reasoning_effort" needs an output limit above 1024 tokens on this model\'s provider.');
+    if (out.temperature !== undefined && out.temperature !== 1) refuse('temperature', '"temperature" must be 1 (or absent) with "reasoning_effort" on this model\'s provider.');
+    out.thinking = { type: 'enabled', budget_tokens: Math.min(EFFORT_BUDGET[effort]!, maxTokens - 1) };
+  } else if (effort !== undefined && effort !== null && effort !== 'none' && effort !== 'minimal') {
+    refuse('reasoning_effort', `"reasoning_effort" ${JSON.stringify(effort)} is not one of none, minimal, low, medium, high.`);
+  }
+  return { body: out, dropped, names };
+}
+
+function userBlocks(content: unknown, at: string, dropped: string[]): Block[] {
+  if (typeof content === 'string') return content === '' ? [] : [{ type: 'text', text: content }];
+  if (!Array.isArray(content)) return refuse(at, `"${at}" must be a string or an array of content parts.`);
+  const blocks: Block[] = [];
+  content.forEach((part, j) => {
+    const p = isObj(part) ? part : {};
+    const where = `${at}[${j}]`;
+    if (p.type === 'text' && typeof p.text === 'string') {
+      if (p.text !== '') blocks.push({ type: 'text', text: p.text });
+    } else if (p.type === 'image_url' && isObj(p.image_url) && typeof p.image_url.url === 'string') {
+      const url = p.image_url.url;
+      const data = dataUrl(url);
+      if (data !== null) blocks.push({ type: 'image', source: { type: 'base64', media_type: data.mediaType, data: data.data } });
+      else if (/^https?:\/\//.test(url)) blocks.push({ type: 'image', source: { type: 'url', url } });
+      else refuse(`${where}.image_url.url`, `"${where}.image_url.url" must be an http(s) or a base64 data URL.`);
+      if (p.image_url.detail !== undefined && p.image_url.detail !== 'auto' && !dropped.includes('image_url.detail')) dropped.push('image_url.detail');
+    } else if (p.type === 'file' && isObj(p.file) && typeof p.file.file_data === 'string' && dataUrl(p.file.file_data)?.mediaType === 'application/pdf') {
+      blocks.push({ type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: dataUrl(p.file.file_data)!.data } });
+    } else {
+      refuse(where, `"${where}" (${String(p.type)}) has no equivalent on this model's provider: text, images and PDF files (as data) can be translated.`);
+    }
+  });
+  return blocks;
+}
+
+function assistantBlocks(msg: Record<string, unknown>, at: string, names: Map<string, string>): Block[] {
+  const blocks: Block[] = [];
+  const content = msg.content;
+  if (typeof content === 'string') {
+    if (content !== '') blocks.push({ type: 'text', text: content });
+  } else if (Array.isArray(content)) {
+    content.forEach((part, j) => {
+      const p = isObj(part) ? part : {};
+      const text = p.type === 'text' ? p.text : p.type === 'refusal' ? p.refusal : undefined;
+      if (typeof text !== 'string') refuse(`${at}.content[${j}]`, `"${at}.content[${j}]" must be a text or refusal part.`);
+      if (text !== '') blocks.push({ type: 'text', text });
+    });
+  } else if (content !== null && content !== undefined) {
+    refuse(`${at}.content`, `"${at}.content" must be a string, an array of parts or null.`);
+  }
+  if (typeof msg.refusal === 'string' && msg.refusal !== '' && blocks.length === 0) blocks.push({ type: 'text', text: msg.refusal });
+  if (msg.tool_calls !== undefined && msg.tool_calls !== null) {
+    if (!Array.isArray(msg.tool_calls)) refuse(`${at}.tool_calls`, `"${at}.tool_calls" must be an array.`);
+    msg.tool_calls.forEach((call, k) => {
+      const c = isObj(call) ? call : {};
+      const where = `${at}.tool_calls[${k}]`;
+      const fn = isObj(c.function) ? c.function : null;
+      if (fn === null || typeof fn.name !== 'string') refuse(where, `"${where}" must be a function call with a name.`);
+      blocks.push({
+        type: 'tool_use', id: toolId(c.id, `call_${k}`), name: toolName(fn.name, names),
+        input: argumentsObject(fn.arguments, `${where}.function.arguments`),
+      });
+    });
+  }
+  return blocks;
+}
+
+function tools(body: Record<string, unknown>, out: Record<string, unknown>, names: Map<string, string>): void {
+  if (Array.isArray(body.tools) && body.tools.length > 0) {
+    out.tools = body.tools.map((tool, i) => {
+      const t = isObj(tool) ? tool : {};
+      const fn = isObj(t.function) ? t.function : null;
+      if (t.type !== 'function' || fn === null || typeof fn.name !== 'string') {
+        return refuse(`tools[${i}]`, `"tools[${i}]" must be a function tool with a name; other tools have no equivalent on this model's provider.`);
+      }
+      const def: Record<string, unknown> = { name: toolName(fn.name, names), input_schema: isObj(fn.parameters) ? fn.parameters : { type: 'object', properties: {} } };
+      if (typeof fn.description === 'string') def.description = fn.description;
+      return def;
+    });
+  }
+  const choice = body.tool_choice;
+  let mapped: Record<string, unknown> | null = null;
+  if (choice === 'auto') mapped = { type: 'auto' };
+  else if (choice === 'none') mapped = { type: 'none' };
+  else if (choice === 'required') mapped = { type: 'any' };
+  else if (isObj(choice) && isObj(choice.function) && typeof choice.function.name === 'string') mapped = { type: 'tool', name: toolName(choice.function.name, names) };
+  else if (choice !== undefined && choice !== null) refuse('tool_choice', '"tool_choice" must be auto, none, required or a named function.');
+  if (body.parallel_tool_calls === false && out.tools !== undefined) {
+    mapped ??= { type: 'auto' };
+    if (mapped.type !== 'none') mapped.disable_parallel_tool_use = true;
+  }
+  if (mapped !== null) out.tool_choice = mapped;
+}
+
+/** Chat usage from Anthropic's: `prompt_tokens` includes the cache reads and writes Anthropic counts apart. */
+function chatUsage(u: Record<string, unknown>): Record<string, unknown> {
+  const num = (v: unknown) => (typeof v === 'number' && Number.isFinite(v) ? v : 0);
+  const cacheRead = num(u.cache_read_input_tokens);
+  const prompt = num(u.input_tokens) + cacheRead + num(u.cache_creation_input_tokens);
+  const completion = num(u.output_tokens);
+  return { prompt_tokens: prompt, completion_tokens: completion, total_tokens: prompt + completion, prompt_tokens_details: { cached_tokens: cacheRead } };
+}
+
+function answer(json: Record<string, unknown>, call: Translation): Record<string, unknown> {
+  let text = '';
+  const toolCalls: unknown[] = [];
+  for (const block of Array.isArray(json.content) ? json.content : []) {
+    if (!isObj(block)) continue;
+    if (block.type === 'text' && typeof block.text === 'string') text += block.text;
+    else if (block.type === 'tool_use') {
+      const name = String(block.name);
+      toolCalls.push({ id: block.id, type: 'function', function: { name: call.names.get(name) ?? name, arguments: JSON.stringify(block.input ?? {}) } });
+    }
+  }
+  const message: Record<string, unknown> = { role: 'assistant', content: text === '' && toolCalls.length > 0 ? null : text, refusal: null };
+  if (toolCalls.length > 0) message.tool_calls = toolCalls;
+  return {
+    id: `chatcmpl-${String(json.id)}`, object: 'chat.completion', created: call.created, model: call.model,
+    choices: [{ index: 0, message, logprobs: null, finish_reason: FINISH[String(json.stop_reason)] ?? 'stop' }],
+    usage: chatUsage(isObj(json.usage) ? json.usage : {}),
+  };
+}
+
+/** Anthropic events to chat chunks: one chunk per delta; tool calls numbered among tool blocks only. */
+function stream(call: Translation): (event: string | null) => string {
+  const created = call.created;
+  const wantsUsage = isObj(call.clientBody.stream_options) && call.clientBody.stream_options.include_usage === true;
+  let id = `chatcmpl-${call.requestId}`;
+  let usage: Record<string, unknown> = {};
+  let tools = -1;
+  const toolOf = new Map<unknown, number>();
+  let done = false;
+  const chunk = (delta: Record<string, unknown>, finish: string | null = null) =>
+    dataEvent({ id, object: 'chat.completion.chunk', created, model: call.model, choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] });
+  const finish = () => {
+    if (done) return '';
+    done = true;
+    const tail = wantsUsage ? dataEvent({ id, object: 'chat.completion.chunk', created, model: call.model, choices: [], usage: chatUsage(usage) }) : '';
+    return `${tail}data: [DONE]\n\n`;
+  };
+  return (event) => {
+    if (event === null) return finish();
+    const data = eventData(event);
+    if (data === null || done) return '';
+    let msg: Record<string, unknown>;
+    try {
+      const parsed = JSON.parse(data) as unknown;
+      if (!isObj(parsed)) return '';
+      msg = parsed;
+    } catch {
+      return '';
+    }
+    switch (msg.type) {
+      case 'message_start': {
+        const m = isObj(msg.message) ? msg.message : {};
+        if (typeof m.id === 'string') id = `chatcmpl-${m.id}`;
+        if (isObj(m.usage)) usage = { ...m.usage };
+        return chunk({ role: 'assistant', content: '' });
+      }
+      case 'content_block_start': {
+        const block = isObj(msg.content_block) ? msg.content_block : {};
+        if (block.type === 'tool_use') {
+          const index = ++tools;
+          toolOf.set(msg.index, index);
+          const name = String(block.name);
+          return chunk({ tool_calls: [{ index, id: block.id, type: 'function', function: { name: call.names.get(name) ?? name, arguments: '' } }] });
+        }
+        if (block.type === 'text' && typeof block.text === 'string' && block.text !== '') return chunk({ content: block.text });
+        return '';
+      }
+      case 'content_block_delta': {
+        const delta = isObj(msg.delta) ? msg.delta : {};
+        if (delta.type === 'text_delta' && typeof delta.text === 'string') return chunk({ content: delta.text });
+        if (delta.type === 'input_json_delta' && typeof delta.partial_json === 'string' && delta.partial_json !== '') {
+          const index = toolOf.get(msg.index);
+          return index === undefined ? '' : chunk({ tool_calls: [{ index, function: { arguments: delta.partial_json } }] });
+        }
+        return ''; // thinking and signatures: chat has no place for them
+      }
+      case 'message_delta': {
+        if (isObj(msg.usage)) usage = { ...usage, ...msg.usage };
+        const delta = isObj(msg.delta) ? msg.delta : {};
+        return chunk({}, FINISH[String(delta.stop_reason)] ?? 'stop');
+      }
+      case 'message_stop':
+        return finish();
+      case 'error': {
+        done = true;
+        const error = isObj(msg.error) ? msg.error : {};
+        return dataEvent({ error: { message: typeof error.message === 'string' ? error.message : 'The provider reported an error.', type: error.type ?? 'api_error', code: null } });
+      }
+      default:
+        return ''; // ping, content_block_stop
+    }
+  };
+}
+
+export const chatToMessages: Translator = { provider: 'messages', request, answer, stream };

@@ -1,0 +1,103 @@
+import { hash } from 'node:crypto';
+import { isObj } from '../protocols/common.js';
+
+/** What the directions share: refusals, ids and names both protocols accept, images, SSE text. */
+
+/** A request the target protocol cannot express: 400 naming the field. */
+export class Untranslatable extends Error {
+  constructor(readonly param: string, message: string) {
+    super(message);
+    this.name = 'Untranslatable';
+  }
+}
+
+export function refuse(param: string, message: string): never {
+  throw new Untranslatable(param, message);
+}
+
+const ID_OK = /^[A-Za-z0-9_-]+$/;
+
+/**
+ * A tool-call id Anthropic accepts (`^[a-zA-Z0-9_-]+$`): valid ids unchanged, others with the
+ * odd characters replaced and a hash of the original appended, so the same id always maps to the
+ * same result (a tool_use and its tool_result still match) and two ids never collide.
+ */
+export function toolId(id: unknown, fallback: string): string {
+  if (typeof id !== 'string' || id === '') return fallback;
+  if (ID_OK.test(id)) return id;
+  return `${id.replace(/[^A-Za-z0-9_-]/g, '_').slice(0, 40)}_${hash('sha256', id).slice(0, 8)}`;
+}
+
+/** The longest tool name both protocols accept. */
+export const MAX_TOOL_NAME = 64;
+
+/**
+ * A tool name of at most 64 characters: longer ones are cut and given a hash of the whole name,
+ * deterministically (the tools list and the history agree); `names` maps it back for answers.
+ */
+export function toolName(name: string, names: Map<string, string>): string {
+  if (name.length <= MAX_TOOL_NAME) return name;
+  const short = `${name.slice(0, MAX_TOOL_NAME - 9)}_${hash('sha256', name).slice(0, 8)}`;
+  names.set(short, name);
+  return short;
+}
+
+/** A data URL's media type and base64 data, or null. */
+export function dataUrl(url: string): { mediaType: string; data: string } | null {
+  const m = /^data:([^;,]+);base64,/.exec(url);
+  return m === null ? null : { mediaType: m[1]!, data: url.slice(m[0].length) };
+}
+
+/** Text of a string or an array of text parts (other parts refused, naming `param`). */
+export function textOf(content: unknown, param: string): string {
+  if (typeof content === 'string') return content;
+  if (!Array.isArray(content)) return content === null || content === undefined ? '' : refuse(param, `"${param}" must be a string or an array of text parts.`);
+  let text = '';
+  content.forEach((part, i) => {
+    if (!isObj(part) || typeof part.text !== 'string' || (part.type !== 'text' && part.type !== 'input_text' && part.type !== 'output_text')) {
+      refuse(`${param}[${i}]`, `"${param}[${i}]" has no equivalent here: only text parts can be translated in this place.`);
+    }
+    text += part.text;
+  });
+  return text;
+}
+
+/** Parses tool arguments (a JSON string) into the object Anthropic wants; '' is no arguments. */
+export function argumentsObject(args: unknown, param: string): Record<string, unknown> {
+  if (args === undefined || args === null || args === '') return {};
+  if (typeof args !== 'string') return refuse(param, `"${param}" must be a JSON string.`);
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(args);
+  } catch {
+    return refuse(param, `"${param}" is not valid JSON, and the model's provider needs the arguments as an object.`);
+  }
+  return isObj(parsed) ? parsed : refuse(param, `"${param}" must be a JSON object.`);
+}
+
+/**
+ * The arguments a model streamed or returned, as an object for an Anthropic client. Invalid
+ * JSON (models do produce it) is kept whole under `_raw_arguments`, never replaced by `{}`.
+ */
+export function answerArguments(args: unknown): Record<string, unknown> {
+  if (typeof args !== 'string' || args.trim() === '') return {};
+  try {
+    const parsed = JSON.parse(args) as unknown;
+    if (isObj(parsed)) return parsed;
+  } catch {
+    // kept below
+  }
+  return { _raw_arguments: args };
+}
+
+/** One `data:` event of OpenAI's style. */
+export function dataEvent(value: unknown): string {
+  return `data: ${JSON.stringify(value)}\n\n`;
+}
+
+/** The fields of a request a translation knows; any other is refused, never silently dropped. */
+export function checkKnown(body: Record<string, unknown>, known: ReadonlySet<string>, target: string): void {
+  for (const field of Object.keys(body)) {
+    if (!known.has(field)) refuse(field, `"${field}" has no equivalent in the ${target} protocol of this model's provider.`);
+  }
+}

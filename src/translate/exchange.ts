@@ -1,0 +1,93 @@
+import type { ModelEntry } from '../directory.js';
+import type { ErrorCode, ErrorDetails, ErrorSpec } from '../errors.js';
+import type { Usage } from '../money.js';
+import type { Endpoint } from '../protocols/types.js';
+import type { Exchange } from '../providers/types.js';
+import type { TranslatedRequest, Translation, Translator } from './types.js';
+
+/**
+ * A billed call as a provider of another protocol sees it: the translated request, and answers
+ * translated back on their way to the client. Everything that meters, charges and ends the call
+ * is the billed call's own: usage is read in the provider's protocol, so metering stays exact.
+ */
+export class TranslatedCall implements Exchange {
+  readonly endpoint: Endpoint;
+  readonly body: Record<string, unknown>;
+  readonly text: string;
+  private readonly transduce: ((event: string | null) => string) | null;
+  private held: { status: number; extra: string[] } | null = null;
+  private readonly dropped: string[];
+
+  constructor(private readonly inner: Exchange, private readonly translator: Translator, request: TranslatedRequest, private readonly call: Translation) {
+    this.endpoint = translator.provider;
+    this.body = request.body;
+    this.text = JSON.stringify(request.body);
+    this.dropped = request.dropped.length > 0 ? ['x-gateway-dropped', request.dropped.join(', ')] : [];
+    this.transduce = inner.stream ? translator.stream(call) : null;
+  }
+
+  get model(): ModelEntry { return this.inner.model; }
+  get stream(): boolean { return this.inner.stream; }
+  get requestId(): string { return this.inner.requestId; }
+  get res() { return this.inner.res; }
+  get inputTokens(): number { return this.inner.inputTokens; }
+  get maxOutputTokens(): number { return this.inner.maxOutputTokens; }
+  get aborted(): boolean { return this.inner.aborted; }
+
+  head(status: number, contentType: string, extra: string[] = []): void {
+    // A whole answer is sent at `end`, once translated (its length changes).
+    if (this.transduce === null) this.held = { status, extra };
+    else this.inner.head(status, contentType, [...extra, ...this.dropped]);
+  }
+
+  write(chunk: string): boolean {
+    const out = this.events(chunk);
+    return out === '' ? true : this.inner.write(out);
+  }
+
+  end(chunk?: string | Buffer): void {
+    if (this.transduce !== null) {
+      const last = chunk === undefined ? '' : this.events(chunk.toString());
+      return this.inner.end(last + this.transduce(null));
+    }
+    let json: unknown;
+    try {
+      json = JSON.parse(chunk === undefined ? '' : chunk.toString());
+    } catch {
+      return this.inner.fail('upstream_error', { message: 'The provider answered something that is not JSON.' });
+    }
+    const body = JSON.stringify(this.translator.answer(json as Record<string, unknown>, this.call));
+    const held = this.held ?? { status: 200, extra: [] };
+    const extra: string[] = [];
+    for (let i = 0; i + 1 < held.extra.length; i += 2) {
+      if (held.extra[i] !== 'content-length') extra.push(held.extra[i]!, held.extra[i + 1]!);
+    }
+    this.inner.head(held.status, 'application/json', [...extra, 'content-length', String(Buffer.byteLength(body)), ...this.dropped]);
+    this.inner.end(body);
+  }
+
+  /** Whole provider events (the relay writes only whole ones) in the client's protocol. */
+  private events(chunk: string): string {
+    let out = '';
+    let start = 0;
+    for (let end = chunk.indexOf('\n\n'); end !== -1; end = chunk.indexOf('\n\n', start)) {
+      out += this.transduce!(chunk.slice(start, end + 2));
+      start = end + 2;
+    }
+    if (start < chunk.length) out += this.transduce!(`${chunk.slice(start)}\n\n`);
+    return out;
+  }
+
+  onAbort(stop: () => void): void { this.inner.onAbort(stop); }
+  whenDrained(resume: () => void): void { this.inner.whenDrained(resume); }
+  noteOutput(chars: number): void { this.inner.noteOutput(chars); }
+  noteUsage(usage: Usage): void { this.inner.noteUsage(usage); }
+  noteDelivered(delivered: boolean): void { this.inner.noteDelivered(delivered); }
+  observeUpstream(seconds: number): void { this.inner.observeUpstream(seconds); }
+  upstreamFailed(kind: string): void { this.inner.upstreamFailed(kind); }
+  header(name: string): string | undefined { return this.inner.header(name); }
+  settle(usage: Usage | null, then: () => void): void { this.inner.settle(usage, then); }
+  fail(code: ErrorCode, details?: ErrorDetails): void { this.inner.fail(code, details); }
+  failWith(code: string, spec: ErrorSpec, message: string): void { this.inner.failWith(code, spec, message); }
+  cut(why: string, finalUsage?: Usage | null): void { this.inner.cut(why, finalUsage); }
+}

@@ -1,0 +1,275 @@
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, test } from 'node:test';
+import { eventData, SseSplitter } from '../../src/providers/sse.js';
+import { chatToMessages } from '../../src/translate/chat-to-messages.js';
+import { Untranslatable } from '../../src/translate/common.js';
+import { messagesToChat } from '../../src/translate/messages-to-chat.js';
+import type { CallFacts, Translation, Translator } from '../../src/translate/types.js';
+
+/**
+ * Translation, table-driven, without sockets: requests and answers both ways, and recorded
+ * provider streams (test/fixtures/streams, after the providers' documented examples) replayed in
+ * every two-chunk split of their bytes.
+ */
+
+const FIXTURES = join(__dirname, '..', 'fixtures', 'streams');
+
+function facts(clientBody: Record<string, unknown>, extra: Partial<CallFacts> = {}): CallFacts {
+  return { model: 'gw-model', maxOutputTokens: 4096, inputTokens: 321, requestId: 'req_1', clientBody, ...extra };
+}
+
+function translation(t: Translator, clientBody: Record<string, unknown>): Translation {
+  const request = t.request(clientBody, facts(clientBody));
+  return { ...facts(clientBody), names: request.names, created: 1_730_000_000 };
+}
+
+function refused(t: Translator, body: Record<string, unknown>, param: string): void {
+  assert.throws(() => t.request(body, facts(body)), (err: unknown) => err instanceof Untranslatable && err.param === param, `refuses ${param}`);
+}
+
+/** Runs a stream's bytes, split in two at `at`, through the splitter and the transducer. */
+function replay(bytes: Buffer, at: number, transduce: (event: string | null) => string): string {
+  const splitter = new SseSplitter();
+  let out = '';
+  for (const part of [bytes.subarray(0, at), bytes.subarray(at)]) for (const event of splitter.push(part)) out += transduce(event);
+  const rest = splitter.rest();
+  if (rest !== '') out += transduce(rest);
+  return out + transduce(null);
+}
+
+const parse = (out: string) => out.split('\n\n').filter((e) => e !== '').map((e) => eventData(`${e}\n\n`)!);
+const json = (out: string) => parse(out).filter((d) => d !== '[DONE]').map((d) => JSON.parse(d) as Record<string, unknown>);
+
+describe('chat client -> Anthropic provider', () => {
+  test('request: system and developer messages, tools, tool calls and results in one user turn, images, limits', () => {
+    const body = {
+      model: 'gw-model', max_completion_tokens: 900, stop: 'END', temperature: 0.5, top_p: 0.9, user: 'u-7', stream: true,
+      stream_options: { include_usage: true }, parallel_tool_calls: false, tool_choice: 'required',
+      tools: [{ type: 'function', function: { name: 'get_weather', description: 'Weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }],
+      messages: [
+        { role: 'system', content: 'Be brief.' },
+        { role: 'developer', content: [{ type: 'text', text: 'Use tools.' }] },
+        { role: 'user', content: [{ type: 'text', text: 'Weather?' }, { type: 'image_url', image_url: { url: 'data:image/png;base64,iVBORw0' } }, { type: 'image_url', image_url: { url: 'https://x.test/a.jpg' } }] },
+        { role: 'assistant', content: null, tool_calls: [{ id: 'call.1:odd', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+        { role: 'tool', tool_call_id: 'call.1:odd', content: 'Sunny' },
+        { role: 'user', content: 'Thanks' },
+      ],
+    };
+    const { body: out, dropped } = chatToMessages.request(body, facts(body, { maxOutputTokens: 900 }));
+    assert.deepEqual(dropped, []);
+    const msgs = out.messages as Array<{ role: string; content: Array<Record<string, unknown>> }>;
+    assert.deepEqual(out.system, [{ type: 'text', text: 'Be brief.' }, { type: 'text', text: 'Use tools.' }]);
+    assert.deepEqual(msgs.map((m) => m.role), ['user', 'assistant', 'user']);
+    assert.deepEqual(msgs[0]!.content[1], { type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'iVBORw0' } });
+    assert.deepEqual(msgs[0]!.content[2], { type: 'image', source: { type: 'url', url: 'https://x.test/a.jpg' } });
+    const use = msgs[1]!.content[0]!;
+    assert.equal(use.type, 'tool_use');
+    assert.match(use.id as string, /^[A-Za-z0-9_-]+$/);
+    assert.deepEqual(use.input, { city: 'Paris' });
+    // The result sits in the user turn right after the call, before the user's own text, with the same id.
+    assert.deepEqual(msgs[2]!.content, [{ type: 'tool_result', tool_use_id: use.id, content: 'Sunny' }, { type: 'text', text: 'Thanks' }]);
+    assert.deepEqual([out.max_tokens, out.stop_sequences, out.temperature, out.top_p, out.stream], [900, ['END'], 0.5, 0.9, true]);
+    assert.deepEqual(out.metadata, { user_id: 'u-7' });
+    assert.deepEqual(out.tool_choice, { type: 'any', disable_parallel_tool_use: true });
+    assert.deepEqual(out.tools, [{ name: 'get_weather', description: 'Weather', input_schema: { type: 'object', properties: { city: { type: 'string' } } } }]);
+  });
+
+  test('request: tool_choice each way; reasoning_effort becomes a thinking budget; optional fields dropped visibly', () => {
+    const cases: Array<[unknown, unknown]> = [['auto', { type: 'auto' }], ['none', { type: 'none' }], ['required', { type: 'any' }],
+      [{ type: 'function', function: { name: 'f' } }, { type: 'tool', name: 'f' }]];
+    for (const [choice, want] of cases) {
+      const body = { model: 'm', messages: [{ role: 'user', content: 'x' }], tool_choice: choice };
+      assert.deepEqual(chatToMessages.request(body, facts(body)).body.tool_choice, want);
+    }
+    const body = { model: 'm', messages: [{ role: 'user', content: 'x' }], reasoning_effort: 'medium', seed: 1, store: true };
+    const out = chatToMessages.request(body, facts(body));
+    assert.deepEqual(out.body.thinking, { type: 'enabled', budget_tokens: 4096 - 1 });
+    assert.deepEqual(out.dropped, ['store', 'seed']);
+  });
+
+  test('request: what Anthropic cannot express is 400 naming the field', () => {
+    const m = [{ role: 'user', content: 'x' }];
+    refused(chatToMessages, { model: 'm', messages: m, n: 2 }, 'n');
+    refused(chatToMessages, { model: 'm', messages: m, logprobs: true }, 'logprobs');
+    refused(chatToMessages, { model: 'm', messages: m, presence_penalty: 0.5 }, 'presence_penalty');
+    refused(chatToMessages, { model: 'm', messages: m, response_format: { type: 'json_object' } }, 'response_format');
+    refused(chatToMessages, { model: 'm', messages: m, temperature: 1.5 }, 'temperature');
+    refused(chatToMessages, { model: 'm', messages: m, audio: { voice: 'x' } }, 'audio');
+    refused(chatToMessages, { model: 'm', messages: [{ role: 'user', content: [{ type: 'input_audio', input_audio: {} }] }] }, 'messages[0].content[0]');
+    refused(chatToMessages, { model: 'm', messages: [{ role: 'assistant', tool_calls: [{ id: 'c', function: { name: 'f', arguments: '{oops' } }] }] },
+      'messages[0].tool_calls[0].function.arguments');
+    refused(chatToMessages, { model: 'm', messages: m, tools: [{ type: 'custom', custom: { name: 'x' } }] }, 'tools[0]');
+  });
+
+  test('answer: text, tool calls with their names restored, stop reasons and usage (cache tokens inside prompt_tokens)', () => {
+    const long = `tool_${'x'.repeat(80)}`;
+    const body = { model: 'gw-model', messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: long } }] };
+    const call = translation(chatToMessages, body);
+    const sent = (chatToMessages.request(body, facts(body)).body.tools as Array<{ name: string }>)[0]!.name;
+    assert.equal(sent.length, 64);
+    const answer = chatToMessages.answer({
+      id: 'msg_1', type: 'message', role: 'assistant', stop_reason: 'tool_use',
+      content: [{ type: 'thinking', thinking: 'hm', signature: 's' }, { type: 'text', text: 'Calling.' }, { type: 'tool_use', id: 'toolu_1', name: sent, input: { a: 1 } }],
+      usage: { input_tokens: 100, cache_read_input_tokens: 900, cache_creation_input_tokens: 50, output_tokens: 20 },
+    }, call);
+    const choice = (answer.choices as Array<{ message: Record<string, unknown>; finish_reason: string }>)[0]!;
+    assert.equal(choice.message.content, 'Calling.');
+    assert.deepEqual(choice.message.tool_calls, [{ id: 'toolu_1', type: 'function', function: { name: long, arguments: '{"a":1}' } }]);
+    assert.equal(choice.finish_reason, 'tool_calls');
+    assert.deepEqual(answer.usage, { prompt_tokens: 1050, completion_tokens: 20, total_tokens: 1070, prompt_tokens_details: { cached_tokens: 900 } });
+    assert.equal(answer.model, 'gw-model');
+    for (const [reason, finish] of [['end_turn', 'stop'], ['stop_sequence', 'stop'], ['pause_turn', 'stop'], ['max_tokens', 'length'], ['refusal', 'content_filter']]) {
+      const a = chatToMessages.answer({ content: [], stop_reason: reason, usage: {} }, call);
+      assert.equal((a.choices as Array<{ finish_reason: string }>)[0]!.finish_reason, finish, reason);
+    }
+  });
+
+  test('stream: a recorded Anthropic stream in every two-chunk split gives the same chunks; tool calls counted among tool blocks only', () => {
+    const bytes = readFileSync(join(FIXTURES, 'anthropic-thinking-tool-use.sse'));
+    const body = { model: 'gw-model', messages: [{ role: 'user', content: 'x' }], stream: true, stream_options: { include_usage: true } };
+    const whole = replay(bytes, bytes.length, chatToMessages.stream(translation(chatToMessages, body)));
+    for (let at = 1; at < bytes.length; at++) assert.equal(replay(bytes, at, chatToMessages.stream(translation(chatToMessages, body))), whole, `split at ${at}`);
+    assert.ok(whole.endsWith('data: [DONE]\n\n'));
+    const chunks = json(whole);
+    let text = '';
+    let args = '';
+    for (const c of chunks) {
+      const delta = (c.choices as Array<{ delta: Record<string, unknown> }>)[0]?.delta ?? {};
+      if (typeof delta.content === 'string') text += delta.content;
+      for (const tc of (delta.tool_calls as Array<{ index: number; id?: string; function: { name?: string; arguments: string } }> | undefined) ?? []) {
+        assert.equal(tc.index, 0, 'the first tool call is index 0, whatever its block index');
+        if (tc.id !== undefined) assert.deepEqual([tc.id, tc.function.name], ['toolu_01T1x1fJ34qAmk2tNTrN7Up6', 'get_weather']);
+        args += tc.function.arguments;
+      }
+    }
+    assert.equal(text, 'Okay, let\'s check the weather for San Francisco, CA — “ünïcödé” 🌁:');
+    assert.deepEqual(JSON.parse(args), { location: 'San Francisco, CA', unit: 'fahrenheit' });
+    const finish = chunks.find((c) => (c.choices as Array<{ finish_reason: string | null }>)[0]?.finish_reason != null);
+    assert.equal((finish!.choices as Array<{ finish_reason: string }>)[0]!.finish_reason, 'tool_calls');
+    assert.deepEqual(chunks.at(-1)!.usage, { prompt_tokens: 472 + 2048 + 100, completion_tokens: 89, total_tokens: 2620 + 89, prompt_tokens_details: { cached_tokens: 2048 } });
+    assert.ok(chunks.every((c) => c.model === 'gw-model' && c.id === 'chatcmpl-msg_014p7gG3wDgGV9EUtLvnow3U'));
+  });
+
+  test('stream: no usage chunk unless the client asked; a provider error mid-stream is an error chunk', () => {
+    const body = { model: 'gw-model', messages: [{ role: 'user', content: 'x' }], stream: true };
+    const bytes = readFileSync(join(FIXTURES, 'anthropic-thinking-tool-use.sse'));
+    const out = replay(bytes, bytes.length, chatToMessages.stream(translation(chatToMessages, body)));
+    assert.ok(json(out).every((c) => c.usage === undefined));
+    const t = chatToMessages.stream(translation(chatToMessages, body));
+    const error = t('event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n');
+    assert.deepEqual(JSON.parse(eventData(error)!), { error: { message: 'Overloaded', type: 'overloaded_error', code: null } });
+  });
+});
+
+describe('Anthropic client -> OpenAI provider', () => {
+  test('request: system (top level and inside messages), tool results first as tool messages, images, documents', () => {
+    const body = {
+      model: 'gw-model', max_tokens: 32000, stream: true, stop_sequences: ['###'], temperature: 1, metadata: { user_id: 'user_abc' },
+      system: [{ type: 'text', text: 'You are Claude Code.', cache_control: { type: 'ephemeral' } }],
+      thinking: { type: 'adaptive' }, output_config: { effort: 'high' }, context_management: { edits: [] },
+      tools: [{ name: 'Bash', description: 'Run', input_schema: { type: 'object', properties: { command: { type: 'string' } } }, defer_loading: true }],
+      tool_choice: { type: 'auto', disable_parallel_tool_use: true },
+      messages: [
+        { role: 'system', content: 'A system note inside messages.' },
+        { role: 'user', content: [{ type: 'text', text: 'List files' }, { type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AAA' } }] },
+        { role: 'assistant', content: [{ type: 'thinking', thinking: 't', signature: 's' }, { type: 'text', text: 'Running.' }, { type: 'tool_use', id: 'toolu_1', name: 'Bash', input: { command: 'ls' } }] },
+        { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'toolu_1', content: [{ type: 'text', text: 'a.txt' }] }, { type: 'text', text: 'and now?' }] },
+      ],
+    };
+    const { body: out, dropped } = messagesToChat.request(body, facts(body, { maxOutputTokens: 32000 }));
+    assert.deepEqual(new Set(dropped), new Set(['thinking', 'context_management', 'output_config', 'cache_control', 'defer_loading']));
+    assert.deepEqual(out.messages, [
+      { role: 'system', content: 'You are Claude Code.' },
+      { role: 'system', content: 'A system note inside messages.' },
+      { role: 'user', content: [{ type: 'text', text: 'List files' }, { type: 'image_url', image_url: { url: 'data:image/png;base64,AAA' } }] },
+      { role: 'assistant', content: 'Running.', tool_calls: [{ id: 'toolu_1', type: 'function', function: { name: 'Bash', arguments: '{"command":"ls"}' } }] },
+      { role: 'tool', tool_call_id: 'toolu_1', content: 'a.txt' },
+      { role: 'user', content: 'and now?' },
+    ]);
+    assert.deepEqual([out.max_completion_tokens, out.stop, out.temperature, out.user, out.stream], [32000, ['###'], 1, 'user_abc', true]);
+    assert.deepEqual(out.stream_options, { include_usage: true });
+    assert.deepEqual(out.tools, [{ type: 'function', function: { name: 'Bash', description: 'Run', parameters: { type: 'object', properties: { command: { type: 'string' } } } } }]);
+    assert.deepEqual([out.tool_choice, out.parallel_tool_calls], ['auto', false]);
+  });
+
+  test('request: tool_choice each way; what chat cannot express is 400 naming the field', () => {
+    for (const [choice, want] of [[{ type: 'any' }, 'required'], [{ type: 'none' }, 'none'], [{ type: 'tool', name: 'f' }, { type: 'function', function: { name: 'f' } }]] as const) {
+      const body = { model: 'm', max_tokens: 10, messages: [{ role: 'user', content: 'x' }], tool_choice: choice };
+      assert.deepEqual(messagesToChat.request(body, facts(body)).body.tool_choice, want);
+    }
+    const m = [{ role: 'user', content: 'x' }];
+    refused(messagesToChat, { model: 'm', max_tokens: 10, messages: m, top_k: 5 }, 'top_k');
+    refused(messagesToChat, { model: 'm', max_tokens: 10, messages: m, tools: [{ type: 'web_search_20250305', name: 'web_search' }] }, 'tools[0]');
+    refused(messagesToChat, { model: 'm', max_tokens: 10, messages: m, mcp_servers: [] }, 'mcp_servers');
+    refused(messagesToChat, { model: 'm', max_tokens: 10, messages: m, surprise: 1 }, 'surprise');
+    refused(messagesToChat, { model: 'm', max_tokens: 10, messages: [{ role: 'user', content: [{ type: 'tool_result', tool_use_id: 't', content: [{ type: 'image', source: {} }] }] }] },
+      'messages[0].content[0].content[0]');
+  });
+
+  test('answer: content, tool calls (invalid JSON kept, never {}), odd ids made valid, stop reasons, usage without the cached tokens', () => {
+    const body = { model: 'gw-model', max_tokens: 10, messages: [{ role: 'user', content: 'x' }] };
+    const call = translation(messagesToChat, body);
+    const answer = messagesToChat.answer({
+      id: 'chatcmpl-9', choices: [{ index: 0, finish_reason: 'tool_calls', message: { role: 'assistant', content: 'Sure.', tool_calls: [
+        { id: 'call:1', type: 'function', function: { name: 'f', arguments: '{"a":1}' } },
+        { id: 'call_2', type: 'function', function: { name: 'g', arguments: '{"a":' } },
+      ] } }],
+      usage: { prompt_tokens: 1200, completion_tokens: 30, prompt_tokens_details: { cached_tokens: 1000 } },
+    }, call);
+    const content = answer.content as Array<Record<string, unknown>>;
+    assert.deepEqual(content[0], { type: 'text', text: 'Sure.' });
+    assert.match(content[1]!.id as string, /^call_1_[0-9a-f]{8}$/);
+    assert.deepEqual([content[1]!.name, content[1]!.input], ['f', { a: 1 }]);
+    assert.deepEqual(content[2]!.input, { _raw_arguments: '{"a":' });
+    assert.equal(answer.stop_reason, 'tool_use');
+    assert.deepEqual(answer.usage, { input_tokens: 200, output_tokens: 30, cache_read_input_tokens: 1000, cache_creation_input_tokens: 0 });
+    for (const [finish, reason] of [['stop', 'end_turn'], ['length', 'max_tokens'], ['content_filter', 'refusal']]) {
+      assert.equal(messagesToChat.answer({ choices: [{ finish_reason: finish, message: {} }] }, call).stop_reason, reason);
+    }
+  });
+
+  test('stream: a recorded OpenAI stream in every two-chunk split gives the same events: message_start with a real input count, blocks, input_json_delta, usage', () => {
+    const bytes = readFileSync(join(FIXTURES, 'openai-tool-calls.sse'));
+    const body = { model: 'gw-model', max_tokens: 100, messages: [{ role: 'user', content: 'x' }], stream: true };
+    const whole = replay(bytes, bytes.length, messagesToChat.stream(translation(messagesToChat, body)));
+    for (let at = 1; at < bytes.length; at++) assert.equal(replay(bytes, at, messagesToChat.stream(translation(messagesToChat, body))), whole, `split at ${at}`);
+    const events = json(whole);
+    const types = events.map((e) => e.type);
+    assert.deepEqual(types.filter((t) => t !== 'content_block_delta'), [
+      'message_start', 'content_block_start', 'content_block_stop', 'content_block_start', 'content_block_start',
+      'content_block_stop', 'content_block_stop', 'message_delta', 'message_stop',
+    ]);
+    const start = events[0]!.message as { usage: Record<string, number>; model: string };
+    assert.ok(start.usage.input_tokens > 0, 'message_start never reports zero input');
+    assert.equal(start.model, 'gw-model');
+    const blocks = new Map<number, { type: string; id?: string; name?: string; text: string }>();
+    for (const e of events) {
+      if (e.type === 'content_block_start') {
+        const b = e.content_block as { type: string; id?: string; name?: string };
+        blocks.set(e.index as number, { ...b, text: '' });
+      } else if (e.type === 'content_block_delta') {
+        const d = e.delta as { type: string; text?: string; partial_json?: string };
+        blocks.get(e.index as number)!.text += d.type === 'text_delta' ? d.text : d.partial_json;
+      }
+    }
+    assert.equal(blocks.get(0)!.text, 'Let me look that up — “ünïcödé” 🌁.');
+    assert.deepEqual([blocks.get(1)!.name, JSON.parse(blocks.get(1)!.text)], ['get_weather', { location: 'Paris, France' }]);
+    assert.deepEqual([blocks.get(2)!.name, JSON.parse(blocks.get(2)!.text)], ['get_time', { tz: 'Europe/Paris' }]);
+    assert.match(blocks.get(2)!.id!, /^[A-Za-z0-9_-]+$/, 'an id Anthropic clients accept');
+    const delta = events.find((e) => e.type === 'message_delta')!;
+    assert.deepEqual(delta.delta, { stop_reason: 'tool_use', stop_sequence: null });
+    assert.deepEqual(delta.usage, { input_tokens: 176, output_tokens: 58, cache_read_input_tokens: 1024, cache_creation_input_tokens: 0 });
+  });
+
+  test('stream: a provider error mid-stream is an Anthropic error event; a stream that ends without [DONE] is still closed', () => {
+    const body = { model: 'gw-model', max_tokens: 10, messages: [{ role: 'user', content: 'x' }], stream: true };
+    const t = messagesToChat.stream(translation(messagesToChat, body));
+    const out = t('data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n') + t('data: {"error":{"message":"server overloaded"}}\n\n');
+    assert.deepEqual(json(out).map((e) => e.type), ['message_start', 'content_block_start', 'content_block_delta', 'error']);
+    const ended = messagesToChat.stream(translation(messagesToChat, body));
+    const closed = ended('data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n') + ended(null);
+    assert.deepEqual(json(closed).map((e) => e.type), ['message_start', 'content_block_start', 'content_block_delta', 'content_block_stop', 'message_delta', 'message_stop']);
+  });
+});
