@@ -29,6 +29,9 @@
  *      a small plain call, and a streamed call with a body the size and shape of Codex's
  *      (instructions, tool schemas, the whole history: ~31 KiB, which the gateway walks for its
  *      input estimate)
+ *   5. closed loop, translation: chat calls to a model on an Anthropic provider (the gateway
+ *      sends Messages and translates the answer back), plain and streamed, against the bare
+ *      proxy passing the same chat call through
  * Prints tables and a final JSON line. Exits 1 when any answer is not a correct 200.
  */
 import { hash, randomBytes } from 'node:crypto';
@@ -46,8 +49,11 @@ import {
 const ROOT = resolve(__dirname, '..');
 const UPSTREAM_MODEL = 'gpt-upstream-bench';
 const CLIENT_MODEL = 'gpt-bench';
+/** The gateway's model on an Anthropic provider: chat calls to it are translated. */
+const TRANSLATED_MODEL = 'claude-bench';
 const STREAM_GAP_MS = 2;
 const TARGET_THROUGHPUT = 0.85;
+const TARGET_TRANSLATED = 0.75;
 const TARGET_ADDED_P50_MS = 0.3;
 const TARGET_ADDED_P99_MS = 1;
 const TARGET_ADDED_TTFT_MS = 0.5;
@@ -103,6 +109,22 @@ const RESPONSES_REST = [
 const RESPONSES_DONE = responsesEvent('response.completed', { response: JSON.parse(RESPONSE) });
 const RESPONSES_STREAM = RESPONSES_FIRST + RESPONSES_REST + RESPONSES_DONE;
 
+/** The same answer from an Anthropic provider (POST /v1/messages), for the translated phase. */
+const MESSAGE = JSON.stringify({
+  id: 'msg_bench', type: 'message', role: 'assistant', model: UPSTREAM_MODEL, content: [{ type: 'text', text: RESPONSE_TEXT }],
+  stop_reason: 'end_turn', stop_sequence: null, usage: { input_tokens: 21, cache_read_input_tokens: 0, cache_creation_input_tokens: 0, output_tokens: 9 },
+});
+const anthropicEvent = (type: string, fields: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, ...fields })}\n\n`;
+const MESSAGES_FIRST = anthropicEvent('message_start', {
+  message: { id: 'msg_bench', type: 'message', role: 'assistant', model: UPSTREAM_MODEL, content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: 21, output_tokens: 1 } },
+}) + anthropicEvent('content_block_start', { index: 0, content_block: { type: 'text', text: '' } });
+const MESSAGES_REST = [
+  ...['Hello', '! How can I', ' help you today?'].map((text) => anthropicEvent('content_block_delta', { index: 0, delta: { type: 'text_delta', text } })),
+  anthropicEvent('content_block_stop', { index: 0 }),
+  anthropicEvent('message_delta', { delta: { stop_reason: 'end_turn', stop_sequence: null }, usage: { output_tokens: 9 } }),
+].join('');
+const MESSAGES_DONE = anthropicEvent('message_stop', {});
+
 /** A request shaped like Codex's: long instructions, tool schemas, the whole history (store: false). */
 function codexSizedBody(model: string, stream: boolean): string {
   const prose = (n: number) => Array.from({ length: n }, (_, i) => `Rule ${i}: keep changes small, explain why, and run the tests before you finish.`).join('\n');
@@ -139,6 +161,7 @@ function runProvider(key: string): void {
   const body = Buffer.from(COMPLETION);
   const length = String(body.length);
   const response = Buffer.from(RESPONSE);
+  const message = Buffer.from(MESSAGE);
   let n = 0;
   let connections = 0;
   let open = 0;
@@ -150,7 +173,8 @@ function runProvider(key: string): void {
       return void res.end(stats);
     }
     const responses = req.url === '/v1/responses';
-    if (req.method !== 'POST' || (req.url !== '/v1/chat/completions' && !responses)) return void res.writeHead(404, ['content-length', '0']).end();
+    const messages = req.url === '/v1/messages';
+    if (req.method !== 'POST' || (req.url !== '/v1/chat/completions' && !responses && !messages)) return void res.writeHead(404, ['content-length', '0']).end();
     const chunks: Buffer[] = [];
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => {
@@ -162,19 +186,19 @@ function runProvider(key: string): void {
         res.writeHead(400).end('{"error":{"message":"bad json"}}');
         return;
       }
-      if (req.headers.authorization !== `Bearer ${key}`) return void res.writeHead(401).end('{"error":{"message":"bad key"}}');
+      if ((messages ? req.headers['x-api-key'] : req.headers.authorization) !== (messages ? key : `Bearer ${key}`)) return void res.writeHead(401).end('{"error":{"message":"bad key"}}');
       if (parsed.model !== UPSTREAM_MODEL) return void res.writeHead(400).end('{"error":{"message":"bad model"}}');
       if (parsed.stream === true) {
         res.writeHead(200, ['content-type', 'text/event-stream; charset=utf-8', 'cache-control', 'no-cache', 'x-request-id', id]);
-        res.write(responses ? RESPONSES_FIRST : FIRST_EVENT);
+        res.write(responses ? RESPONSES_FIRST : messages ? MESSAGES_FIRST : FIRST_EVENT);
         setTimeout(() => {
-          res.write(responses ? RESPONSES_REST : REST_EVENTS);
-          res.end(responses ? RESPONSES_DONE : DONE_EVENT);
+          res.write(responses ? RESPONSES_REST : messages ? MESSAGES_REST : REST_EVENTS);
+          res.end(responses ? RESPONSES_DONE : messages ? MESSAGES_DONE : DONE_EVENT);
         }, STREAM_GAP_MS);
         return;
       }
-      const answer = responses ? response : body;
-      res.writeHead(200, ['content-type', 'application/json', 'content-length', responses ? String(answer.length) : length, 'x-request-id', id, 'openai-processing-ms', '1']);
+      const answer = responses ? response : messages ? message : body;
+      res.writeHead(200, ['content-type', 'application/json', 'content-length', answer === body ? length : String(answer.length), 'x-request-id', id, 'openai-processing-ms', '1']);
       res.end(answer);
     });
   });
@@ -348,8 +372,14 @@ async function main(): Promise<number> {
       plans: { bench: { rpm: 2_000_000, concurrency: 100_000, dailyCapUsd: 'unlimited' } },
       accounts: { acct_bench: { plan: 'bench' } },
       keys: { key_bench: { account: 'acct_bench', sha256: hash('sha256', clientKey) } },
-      models: { [CLIENT_MODEL]: { provider: 'fake', upstreamModel: UPSTREAM_MODEL, price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } } },
-      providers: { fake: { protocol: 'openai', baseUrl: `http://127.0.0.1:${provider.port}/v1`, apiKeyEnv: 'BENCH_PROVIDER_KEY' } },
+      models: {
+        [CLIENT_MODEL]: { provider: 'fake', upstreamModel: UPSTREAM_MODEL, price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } },
+        [TRANSLATED_MODEL]: { provider: 'fake-anthropic', upstreamModel: UPSTREAM_MODEL, price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } },
+      },
+      providers: {
+        fake: { protocol: 'openai', baseUrl: `http://127.0.0.1:${provider.port}/v1`, apiKeyEnv: 'BENCH_PROVIDER_KEY' },
+        'fake-anthropic': { protocol: 'anthropic', baseUrl: `http://127.0.0.1:${provider.port}`, apiKeyEnv: 'BENCH_PROVIDER_KEY' },
+      },
     };
     const configFile = join(dir, 'gateway.json');
     writeFileSync(configFile, JSON.stringify(config));
@@ -533,6 +563,49 @@ async function main(): Promise<number> {
     }
     others.endPhase('4 responses');
 
+    // 5. Translation: a chat call to a model on an Anthropic provider (Messages upstream, the
+    // answer translated back) against the bare proxy passing the same chat call through.
+    const translatedCases = [false, true].map((stream) => ({
+      name: stream ? 'streamed' : 'plain',
+      request: (t: 'proxy' | 'gateway') => rawRequest('POST', portOf[t], '/v1/chat/completions', { authorization: `Bearer ${clientKey}`, 'content-type': 'application/json' },
+        bodyFor(t === 'gateway' ? TRANSLATED_MODEL : CLIENT_MODEL, stream)),
+      check: stream
+        ? (b: Buffer) => { const text = b.toString('utf8'); return text.includes('"content":"Hello"') && text.endsWith('data: [DONE]\n\n'); }
+        : (b: Buffer) => b.toString('utf8').includes(`"content":"${RESPONSE_TEXT}"`),
+    }));
+    for (const c of translatedCases) {
+      for (const t of closedTargets as Array<'proxy' | 'gateway'>) {
+        const a = await once(portOf[t], c.request(t));
+        if (a.status !== 200 || !c.check(a.body!)) throw new Error(`${t}: translated ${c.name} chat answered ${a.status}: ${a.body?.toString('utf8').slice(0, 400)}`);
+      }
+    }
+    process.stdout.write(`\n5. closed loop, chat on an Anthropic model (translated) vs the bare proxy passing chat through: ${flags.connections} connections, ${flags.responsesRounds} rounds x ${flags.durationS} s\n`);
+    const translatedResults: Array<{ name: string; proxyRps: number; gatewayRps: number; ratio: number; paired: number; cpuRatio: number }> = [];
+    for (const c of translatedCases) {
+      const drive = (t: 'proxy' | 'gateway', durationS: number, watch?: Record<string, number>) => closedLoop({
+        port: portOf[t], requests: [c.request(t)], durationS, connections: flags.connections, expectBytes: null, check: c.check, ...(watch === undefined ? {} : { watch }),
+      });
+      for (const t of closedTargets) await drive(t as 'proxy', flags.warmupS);
+      const runs: Record<string, RunResult[]> = { proxy: [], gateway: [] };
+      for (let r = 0; r < flags.responsesRounds; r++) {
+        for (const t of rotate(closedTargets, r) as Array<'proxy' | 'gateway'>) {
+          const res = await drive(t, flags.durationS, { server: pidOf[t] });
+          runs[t]!.push(res);
+          bad += non200(res);
+          process.stdout.write(`  ${c.name.padEnd(10)}${String(r + 1).padEnd(6)}${t.padEnd(9)}${fmtInt(res.rps).padStart(9)}${fmtMs(res.total.quantileUs(0.5)).padStart(9)}` +
+            `${(perReq(res, 'server') ?? NaN).toFixed(1).padStart(12)}  ${statusText(res)}\n`);
+        }
+      }
+      const proxyRps = median(runs.proxy!.map((r) => r.rps));
+      const gatewayRps = median(runs.gateway!.map((r) => r.rps));
+      const paired = median(runs.proxy!.map((p, i) => runs.gateway![i]!.rps / p.rps));
+      const cpuRatio = median(runs.gateway!.map((r) => perReq(r, 'server')!)) / median(runs.proxy!.map((r) => perReq(r, 'server')!));
+      translatedResults.push({ name: c.name, proxyRps: Math.round(proxyRps), gatewayRps: Math.round(gatewayRps), ratio: gatewayRps / proxyRps, paired, cpuRatio });
+      process.stdout.write(`  ${c.name}: gateway (translated) / proxy throughput ${(gatewayRps / proxyRps).toFixed(3)}x (target >= ${TARGET_TRANSLATED}: ${gatewayRps / proxyRps >= TARGET_TRANSLATED ? 'met' : 'NOT met'}), ` +
+        `paired per round ${paired.toFixed(3)}x; server CPU per request ${cpuRatio.toFixed(2)}x\n`);
+    }
+    others.endPhase('5 translated');
+
     const steal1 = machineCpu();
     const steal = steal0 !== null && steal1 !== null && steal1.total > steal0.total ? (steal1.steal - steal0.steal) / (steal1.total - steal0.total) : null;
     process.stdout.write(`\nCPU steal by other guests over the run: ${steal === null ? '?' : `${Math.round(steal * 100)}%`}; phases during which another bench (bench/ledger*) ran: ${others.disturbed().join(', ') || 'none'}; non-200 / bad answers: ${bad}\n`);
@@ -547,6 +620,7 @@ async function main(): Promise<number> {
       addedTtftMs: { p50: r3(addTtft), p99: r3((ttft.gateway.p99Us - ttft.direct.p99Us) / 1000) },
       upstreamConnectionsPerStream: { proxy: r3(opened.proxy / streamsOf('proxy')), gateway: r3(opened.gateway / streamsOf('gateway')) },
       responses: responsesResults.map((r) => ({ ...r, ratio: r3(r.ratio), paired: r3(r.paired), cpuRatio: r3(r.cpuRatio) })),
+      translated: translatedResults.map((r) => ({ ...r, ratio: r3(r.ratio), paired: r3(r.paired), cpuRatio: r3(r.cpuRatio) })),
       steal: steal === null ? null : r3(steal), disturbedPhases: others.disturbed(), bad,
     })}\n`);
   } finally {

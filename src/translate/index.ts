@@ -2,6 +2,7 @@ import type { Protocol } from '../config/types.js';
 import type { Endpoint } from '../protocols/types.js';
 import { chatToMessages } from './chat-to-messages.js';
 import { messagesToChat } from './messages-to-chat.js';
+import { responsesToMessages } from './responses-to-messages.js';
 import type { Translator } from './types.js';
 
 /**
@@ -11,6 +12,7 @@ import type { Translator } from './types.js';
 const TRANSLATORS: Partial<Record<Endpoint, Partial<Record<Exclude<Protocol, 'mock'>, Translator>>>> = {
   chat: { anthropic: chatToMessages },
   messages: { openai: messagesToChat },
+  responses: { anthropic: responsesToMessages },
 };
 
 /** The translator from a client's endpoint to a provider's protocol, or null when there is none (yet). */

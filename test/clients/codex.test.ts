@@ -3,7 +3,7 @@ import { mkdir, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { FakeUpstream, responsesStream } from '../helpers/fake-upstream.js';
+import { anthropicBlocks, FakeUpstream, responsesStream } from '../helpers/fake-upstream.js';
 import { accessLog, entriesOf, sha, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 import { installClient, RefusingProxy, runClient, type Installed } from '../helpers/real-client.js';
 
@@ -16,6 +16,7 @@ import { installClient, RefusingProxy, runClient, type Installed } from '../help
 const VERSION = '0.169.0';
 const KEY = 'sk-codex-test';
 const TOOLS_KEY = 'sk-codex-tools';
+const CLAUDE_KEY = 'sk-codex-claude';
 // $1 input, $2 output, $0.50 cached per million tokens.
 const PRICE = { inputPerMillion: 1, outputPerMillion: 2, cacheReadPerMillion: 0.5 };
 const usage = (input: number, cached: number, output: number, reasoning: number) => ({
@@ -74,13 +75,21 @@ describe(`Codex CLI ${VERSION} (codex exec, wire_api = "responses")`, () => {
     if ('skip' in installed) console.log(`# skipping the Codex test: ${installed.skip}`);
     gw = await startGateway(testConfig({
       plans: { p: { rpm: 100, concurrency: 4, dailyCapUsd: 1 } },
-      accounts: { acct_codex: { plan: 'p' }, acct_tools: { plan: 'p' } },
-      keys: { key_codex: { account: 'acct_codex', sha256: sha(KEY) }, key_tools: { account: 'acct_tools', sha256: sha(TOOLS_KEY) } },
+      accounts: { acct_codex: { plan: 'p' }, acct_tools: { plan: 'p' }, acct_claude: { plan: 'p' } },
+      keys: {
+        key_codex: { account: 'acct_codex', sha256: sha(KEY) }, key_tools: { account: 'acct_tools', sha256: sha(TOOLS_KEY) },
+        key_claude: { account: 'acct_claude', sha256: sha(CLAUDE_KEY) },
+      },
       models: {
         'echo-1': { provider: 'mock', price: { inputPerMillion: 1, outputPerMillion: 2 } },
         'gpt-tools': { provider: 'oai', upstreamModel: 'gpt-upstream', price: PRICE },
+        'claude-tools': { provider: 'ant', upstreamModel: 'claude-upstream', price: { ...PRICE, cacheWritePerMillion: 4 } },
       },
-      providers: { mock: { protocol: 'mock' }, oai: { protocol: 'openai', baseUrl: `${upstream}/v1`, apiKeyEnv: 'UP_KEY' } },
+      providers: {
+        mock: { protocol: 'mock' },
+        oai: { protocol: 'openai', baseUrl: `${upstream}/v1`, apiKeyEnv: 'UP_KEY' },
+        ant: { protocol: 'anthropic', baseUrl: upstream, apiKeyEnv: 'UP_KEY' },
+      },
       server: { host: '127.0.0.1', port: 0 },
     }), { env: { UP_KEY: 'sk-provider' } });
     proxyUrl = await proxy.start();
@@ -171,6 +180,52 @@ describe(`Codex CLI ${VERSION} (codex exec, wire_api = "responses")`, () => {
       [-(2000 * 1 + 1000 * 0.5 + 40 * 2), 3000, 40, false],
       [-(100 * 1 + 3000 * 0.5 + 9 * 2), 3100, 9, false],
     ]);
+    await until(() => gw.gateway.inFlight === 0, 5000, 'no call in flight');
+    assert.equal(proxy.attempts, 0, 'Codex tried to reach the network');
+  });
+
+  test('on an Anthropic-protocol provider (translated): the tool call round trip works, each turn a Messages call, charged exactly', async (t) => {
+    if ('skip' in installed) return t.skip(installed.skip);
+    const { codexHome, work } = await folders(dir, 'claude');
+    await writeConfig(codexHome, gw.url, 'claude-tools');
+    const seenBefore = up.seen.length;
+    up.queue.push(
+      anthropicBlocks([{ text: 'Running it.' }, { tool: { id: 'toolu_cx1', name: 'exec_command', input: { cmd: 'echo TOOL-OUT-77' } } }], { input: 500, output: 30, cacheRead: 2500 }),
+      anthropicBlocks([{ text: 'The command printed TOOL-OUT-77.' }], { input: 100, output: 9, cacheRead: 3000, cacheWrite: 50 }),
+    );
+    const result = await runClient(installed.bin, ['exec', '--skip-git-repo-check', '--dangerously-bypass-approvals-and-sandbox', 'Run the echo'], {
+      HOME: dir, CODEX_HOME: codexHome, GATEWAY_API_KEY: CLAUDE_KEY, ...proxy.env(proxyUrl),
+    }, work);
+    assert.equal(result.code, 0, `codex exited ${result.code}\nstdout: ${result.stdout}\nstderr: ${result.stderr}`);
+    assert.match(result.stdout, /The command printed TOOL-OUT-77\./);
+
+    const seen = up.seen.slice(seenBefore);
+    assert.equal(seen.length, 2);
+    const first = seen[0]!.body;
+    console.log(`# Codex's tools: ${JSON.stringify((first.tools as Array<{ name?: string; type?: string }>).map((x) => x.type ?? x.name))}`);
+    for (const s of seen) {
+      assert.equal(s.path, '/v1/messages');
+      assert.equal(s.headers['x-api-key'], 'sk-provider');
+      assert.equal(s.body.model, 'claude-upstream');
+      assert.equal(s.body.stream, true);
+      assert.ok(Array.isArray(s.body.system) && (s.body.system as unknown[]).length > 0, 'Codex\'s instructions became the system prompt');
+    }
+    // The second turn: Codex's whole history, the tool_use and right after it the tool_result with the command's output.
+    const turns = seen[1]!.body.messages as Array<{ role: string; content: Array<Record<string, unknown>> }>;
+    const useAt = turns.findIndex((turn) => turn.content.some((b) => b.type === 'tool_use' && b.id === 'toolu_cx1'));
+    assert.ok(useAt > 0, JSON.stringify(turns));
+    const result2 = turns[useAt + 1]!.content.find((b) => b.type === 'tool_result');
+    assert.equal(result2?.tool_use_id, 'toolu_cx1');
+    assert.match(JSON.stringify(result2?.content), /TOOL-OUT-77/);
+
+    // Charged from Anthropic's usage: input, cache reads and writes each at their price.
+    const charges = entriesOf(gw, 'acct_claude').map((e) => [e.amountMicro, e.inputTokens, e.outputTokens, e.estimated]);
+    assert.deepEqual(charges, [
+      [-(500 * 1 + 2500 * 0.5 + 30 * 2), 3000, 30, false],
+      [-(100 * 1 + 3000 * 0.5 + 50 * 4 + 9 * 2), 3150, 9, false],
+    ]);
+    const dropped = accessLog(gw).filter((r) => r.path === '/v1/responses' && r.dropped !== undefined).map((r) => r.dropped);
+    console.log(`# Codex's calls dropped: ${[...new Set(dropped)].join(' | ')}`);
     await until(() => gw.gateway.inFlight === 0, 5000, 'no call in flight');
     assert.equal(proxy.attempts, 0, 'Codex tried to reach the network');
   });

@@ -101,6 +101,30 @@ export function anthropicStream(pieces: string[], usage: { input: number; output
   };
 }
 
+/** An Anthropic stream of text and tool_use blocks (inputs streamed as input_json_delta halves). */
+export function anthropicBlocks(blocks: Array<{ text: string } | { tool: { id: string; name: string; input: Record<string, unknown> } }>,
+  usage: { input: number; output: number; cacheRead?: number; cacheWrite?: number }): Behaviour {
+  return (_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    const ev = (type: string, data: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
+    const events = [ev('message_start', { message: { id: 'msg_up', type: 'message', role: 'assistant', content: [], model: 'up', stop_reason: null,
+      usage: { input_tokens: usage.input, output_tokens: 1, cache_read_input_tokens: usage.cacheRead ?? 0, cache_creation_input_tokens: usage.cacheWrite ?? 0 } } })];
+    blocks.forEach((block, index) => {
+      if ('text' in block) {
+        events.push(ev('content_block_start', { index, content_block: { type: 'text', text: '' } }),
+          ...halves(block.text).map((text) => ev('content_block_delta', { index, delta: { type: 'text_delta', text } })));
+      } else {
+        events.push(ev('content_block_start', { index, content_block: { type: 'tool_use', id: block.tool.id, name: block.tool.name, input: {} } }),
+          ...halves(JSON.stringify(block.tool.input)).map((partial_json) => ev('content_block_delta', { index, delta: { type: 'input_json_delta', partial_json } })));
+      }
+      events.push(ev('content_block_stop', { index }));
+    });
+    const stop = blocks.some((b) => 'tool' in b) ? 'tool_use' : 'end_turn';
+    events.push(ev('message_delta', { delta: { stop_reason: stop, stop_sequence: null }, usage: { output_tokens: usage.output } }), ev('message_stop', {}));
+    sendEvents(res, events, {});
+  };
+}
+
 function sendEvents(res: ServerResponse, events: string[], opts: { delayMs?: number; cutAfter?: number }): void {
   let i = 0;
   const next = () => {

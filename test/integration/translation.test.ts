@@ -184,6 +184,40 @@ describe('translation through the official SDKs', () => {
     await until(() => accessLog(gw).some((l) => l.dropped === 'thinking'), 2000, 'the log line naming what was dropped');
   });
 
+  test('openai responses on an Anthropic model: plain with a tool round trip, and streamed from the recorded stream; charged exactly', async () => {
+    up.queue.push((_req, res) => json(res, 200, {
+      id: 'msg_r1', type: 'message', role: 'assistant', stop_reason: 'tool_use',
+      content: [{ type: 'tool_use', id: 'toolu_R1', name: 'get_weather', input: { location: 'Rome' } }],
+      usage: { input_tokens: 300, cache_read_input_tokens: 700, output_tokens: 15 },
+    }));
+    const tools = [{ type: 'function' as const, name: 'get_weather', parameters: WEATHER, strict: false }];
+    const first = await openai.responses.create({ model: 'claude-t', instructions: 'Be brief.', input: 'Weather in Rome?', tools, store: false, max_output_tokens: 400 });
+    const seen = up.seen.at(-1)!;
+    assert.equal(seen.path, '/v1/messages');
+    assert.deepEqual([seen.body.system, seen.body.max_tokens], [[{ type: 'text', text: 'Be brief.' }], 400]);
+    const call = first.output[0] as OpenAI.Responses.ResponseFunctionToolCall;
+    assert.deepEqual([call.type, call.call_id, call.name, call.arguments], ['function_call', 'toolu_R1', 'get_weather', '{"location":"Rome"}']);
+    assert.deepEqual([first.usage?.input_tokens, first.usage?.input_tokens_details.cached_tokens, first.usage?.output_tokens], [1000, 700, 15]);
+    assert.deepEqual([lastCharge().amountMicro, lastCharge().estimated], [-(300 + 350 + 30), false]);
+
+    up.queue.push(recordedStream(readFileSync(join(FIXTURES, 'anthropic-thinking-tool-use.sse'))));
+    const before = entriesOf(gw, 'acct_t').length;
+    const stream = openai.responses.stream({
+      model: 'claude-t', tools, store: false,
+      input: [{ role: 'user', content: 'Weather in Rome?' }, call, { type: 'function_call_output', call_id: 'toolu_R1', output: 'warm' }, { role: 'user', content: 'And SF?' }],
+    });
+    const final = await stream.finalResponse();
+    const turns = up.seen.at(-1)!.body.messages as Array<{ role: string; content: Array<Record<string, unknown>> }>;
+    assert.deepEqual(turns.map((t) => t.role), ['user', 'assistant', 'user']);
+    assert.deepEqual(turns[2]!.content, [{ type: 'tool_result', tool_use_id: 'toolu_R1', content: 'warm' }, { type: 'text', text: 'And SF?' }]);
+    assert.deepEqual(final.output.map((o) => o.type), ['reasoning', 'message', 'function_call']);
+    assert.equal(final.output_text, 'Okay, let\'s check the weather for San Francisco, CA — “ünïcödé” 🌁:');
+    assert.deepEqual(JSON.parse((final.output[2] as OpenAI.Responses.ResponseFunctionToolCall).arguments), { location: 'San Francisco, CA', unit: 'fahrenheit' });
+    assert.equal(final.usage?.input_tokens, 2620);
+    await until(() => entriesOf(gw, 'acct_t').length === before + 1, 2000, 'the charge');
+    assert.deepEqual([lastCharge().amountMicro, lastCharge().estimated], [-(472 + 1024 + 400 + 178), false]);
+  });
+
   test('what the target cannot express is 400 naming the field, before anything reaches the provider or is charged', async () => {
     const hits = up.hits;
     const entries = entriesOf(gw, 'acct_t').length;

@@ -6,6 +6,7 @@ import { eventData, SseSplitter } from '../../src/providers/sse.js';
 import { chatToMessages } from '../../src/translate/chat-to-messages.js';
 import { Untranslatable } from '../../src/translate/common.js';
 import { messagesToChat } from '../../src/translate/messages-to-chat.js';
+import { responsesToMessages } from '../../src/translate/responses-to-messages.js';
 import type { CallFacts, Translation, Translator } from '../../src/translate/types.js';
 
 /**
@@ -273,3 +274,111 @@ describe('Anthropic client -> OpenAI provider', () => {
     assert.deepEqual(json(closed).map((e) => e.type), ['message_start', 'content_block_start', 'content_block_delta', 'content_block_stop', 'message_delta', 'message_stop']);
   });
 });
+
+describe('Responses client -> Anthropic provider', () => {
+  const codexLike = (extra: Record<string, unknown> = {}) => ({
+    model: 'gw-model', stream: true, store: false, include: ['reasoning.encrypted_content'], prompt_cache_key: 'sess-1', parallel_tool_calls: false,
+    reasoning: { effort: 'medium', summary: 'auto' }, tool_choice: 'auto',
+    tools: [
+      { type: 'function', name: 'exec_command', description: 'Run', parameters: { type: 'object', properties: { cmd: { type: 'string' } } }, strict: false },
+      { type: 'namespace', name: 'mcp_fs', tools: [{ type: 'function', name: 'read', parameters: { type: 'object', properties: {} } }] },
+      { type: 'web_search' },
+    ],
+    input: [
+      { type: 'message', role: 'developer', content: [{ type: 'input_text', text: 'You are Codex.' }] },
+      { type: 'message', role: 'user', content: [{ type: 'input_text', text: 'List files' }] },
+      { type: 'function_call', call_id: 'call_1', name: 'exec_command', arguments: '{"cmd":"ls"}' },
+      { type: 'function_call_output', call_id: 'call_1', output: 'a.txt' },
+    ],
+    ...extra,
+  });
+
+  test('request: developer items become the system prompt; calls and outputs pair up; tools flattened; optional fields dropped visibly', () => {
+    const body = codexLike();
+    const { body: out, dropped, names } = responsesToMessages.request(body, facts(body, { maxOutputTokens: 8000 }));
+    assert.deepEqual(out.system, [{ type: 'text', text: 'You are Codex.' }]);
+    assert.deepEqual(out.messages, [
+      { role: 'user', content: [{ type: 'text', text: 'List files' }] },
+      { role: 'assistant', content: [{ type: 'tool_use', id: 'call_1', name: 'exec_command', input: { cmd: 'ls' } }] },
+      { role: 'user', content: [{ type: 'tool_result', tool_use_id: 'call_1', content: 'a.txt' }] },
+    ]);
+    assert.deepEqual((out.tools as Array<{ name: string; type?: string }>).map((t) => t.type ?? t.name), ['exec_command', 'mcp_fs__read', 'web_search_20250305']);
+    assert.equal(names.get('mcp_fs__read'), 'mcp_fs\u0000read');
+    assert.deepEqual(out.tool_choice, { type: 'auto', disable_parallel_tool_use: true });
+    assert.deepEqual(out.thinking, { type: 'enabled', budget_tokens: 4096 });
+    assert.deepEqual([out.max_tokens, out.stream], [8000, true]);
+    assert.deepEqual(new Set(dropped), new Set(['store', 'include', 'prompt_cache_key']));
+  });
+
+  test('request: a reasoning item the gateway made comes back as the signed thinking block, before the tool_use it led to', () => {
+    const call = translation(responsesToMessages, codexLike());
+    const answer = responsesToMessages.answer({
+      id: 'msg_9', stop_reason: 'tool_use', usage: { input_tokens: 10, output_tokens: 5 },
+      content: [{ type: 'thinking', thinking: 'I should list.', signature: 'sig-abc' }, { type: 'tool_use', id: 'toolu_9', name: 'exec_command', input: { cmd: 'ls' } }],
+    }, call);
+    const [reasoning, fc] = answer.output as Array<Record<string, unknown>>;
+    const body = codexLike({ input: [{ type: 'message', role: 'user', content: 'go' }, reasoning, fc, { type: 'function_call_output', call_id: 'toolu_9', output: 'a.txt' }] });
+    const out = responsesToMessages.request(body, facts(body, { maxOutputTokens: 8000 })).body;
+    assert.deepEqual((out.messages as Turn[])[1], { role: 'assistant', content: [
+      { type: 'thinking', thinking: 'I should list.', signature: 'sig-abc' }, { type: 'tool_use', id: 'toolu_9', name: 'exec_command', input: { cmd: 'ls' } },
+    ] });
+    // Another provider's reasoning cannot be given to Anthropic: dropped, and said so.
+    const foreign = codexLike({ input: [{ type: 'reasoning', id: 'rs_x', summary: [], encrypted_content: 'gAAAA-openai' }, { type: 'message', role: 'user', content: 'hi' }] });
+    assert.ok(responsesToMessages.request(foreign, facts(foreign, { maxOutputTokens: 8000 })).dropped.includes('reasoning'));
+  });
+
+  test('request: what Anthropic cannot express is 400 naming the field', () => {
+    refused(responsesToMessages, { model: 'm', input: 'x', previous_response_id: 'resp_1' }, 'previous_response_id');
+    refused(responsesToMessages, { model: 'm', input: 'x', text: { format: { type: 'json_schema' } } }, 'text.format');
+    refused(responsesToMessages, { model: 'm', input: [{ type: 'item_reference', id: 'x' }] }, 'input[0]');
+    refused(responsesToMessages, { model: 'm', input: 'x', temperature: 2 }, 'temperature');
+    refused(responsesToMessages, { model: 'm', input: 'x', conversation: 'c' }, 'conversation');
+  });
+
+  test('answer: reasoning, message and function_call items (namespaced names split back), status and usage', () => {
+    const call = translation(responsesToMessages, codexLike());
+    const answer = responsesToMessages.answer({
+      id: 'msg_2', stop_reason: 'max_tokens', usage: { input_tokens: 100, cache_read_input_tokens: 900, cache_creation_input_tokens: 0, output_tokens: 40 },
+      content: [{ type: 'text', text: 'Reading.' }, { type: 'tool_use', id: 'toolu_2', name: 'mcp_fs__read', input: {} }],
+    }, call);
+    const output = answer.output as Array<Record<string, unknown>>;
+    assert.deepEqual(output.map((o) => o.type), ['message', 'function_call']);
+    assert.deepEqual((output[0]!.content as unknown[])[0], { type: 'output_text', text: 'Reading.', annotations: [] });
+    assert.deepEqual([output[1]!.call_id, output[1]!.namespace, output[1]!.name, output[1]!.arguments], ['toolu_2', 'mcp_fs', 'read', '{}']);
+    // A plain function whose name has "__" in it is no namespace; a namespaced call in the history goes back flattened.
+    const plain = responsesToMessages.answer({ content: [{ type: 'tool_use', id: 't', name: 'a__b', input: {} }] }, call).output as Array<Record<string, unknown>>;
+    assert.deepEqual([plain[0]!.name, plain[0]!.namespace], ['a__b', undefined]);
+    const history = codexLike({ input: [{ type: 'function_call', call_id: 'c1', namespace: 'mcp_fs', name: 'read', arguments: '{}' }] });
+    assert.equal(((responsesToMessages.request(history, facts(history, { maxOutputTokens: 8000 })).body.messages as Turn[])[0]!.content[0]!).name, 'mcp_fs__read');
+    assert.deepEqual([answer.status, answer.incomplete_details], ['incomplete', { reason: 'max_output_tokens' }]);
+    assert.deepEqual(answer.usage, { input_tokens: 1000, input_tokens_details: { cached_tokens: 900 }, output_tokens: 40, output_tokens_details: { reasoning_tokens: 0 }, total_tokens: 1040 });
+  });
+
+  test('stream: a recorded Anthropic stream in every two-chunk split gives the same Responses events, numbered in order', () => {
+    const bytes = readFileSync(join(FIXTURES, 'anthropic-thinking-tool-use.sse'));
+    const body = codexLike({ tools: [{ type: 'function', name: 'get_weather', parameters: {} }] });
+    const whole = replay(bytes, bytes.length, responsesToMessages.stream(translation(responsesToMessages, body)));
+    for (let at = 1; at < bytes.length; at++) assert.equal(replay(bytes, at, responsesToMessages.stream(translation(responsesToMessages, body))), whole, `split at ${at}`);
+    const events = json(whole);
+    assert.deepEqual(events.map((e) => e.sequence_number), events.map((_, i) => i));
+    assert.deepEqual([...new Set(events.map((e) => e.type))], [
+      'response.created', 'response.in_progress', 'response.output_item.added', 'response.reasoning_summary_part.added', 'response.reasoning_summary_text.delta',
+      'response.reasoning_summary_text.done', 'response.reasoning_summary_part.done', 'response.output_item.done', 'response.content_part.added',
+      'response.output_text.delta', 'response.output_text.done', 'response.content_part.done', 'response.function_call_arguments.delta',
+      'response.function_call_arguments.done', 'response.completed',
+    ]);
+    const args = events.filter((e) => e.type === 'response.function_call_arguments.delta').map((e) => e.delta).join('');
+    assert.deepEqual(JSON.parse(args), { location: 'San Francisco, CA', unit: 'fahrenheit' });
+    const completed = events.at(-1)!.response as { output: Array<Record<string, unknown>>; usage: Record<string, unknown>; status: string };
+    assert.deepEqual(completed.output.map((o) => o.type), ['reasoning', 'message', 'function_call']);
+    assert.deepEqual([completed.output[2]!.call_id, completed.output[2]!.name, completed.output[2]!.arguments], ['toolu_01T1x1fJ34qAmk2tNTrN7Up6', 'get_weather', args]);
+    assert.equal(completed.status, 'completed');
+    assert.deepEqual(completed.usage, { input_tokens: 2620, input_tokens_details: { cached_tokens: 2048 }, output_tokens: 89, output_tokens_details: { reasoning_tokens: 0 }, total_tokens: 2709 });
+    // The reasoning item carries the signed thinking, for the next turn.
+    const again = codexLike({ input: [{ type: 'message', role: 'user', content: 'x' }, completed.output[0], completed.output[2]] });
+    const thinking = ((responsesToMessages.request(again, facts(again, { maxOutputTokens: 8000 })).body.messages as Turn[])[1]!.content[0]);
+    assert.deepEqual(thinking, { type: 'thinking', thinking: 'The user wants the weather, so I call get_weather.', signature: 'EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds' });
+  });
+});
+
+type Turn = { role: string; content: Array<Record<string, unknown>> };
