@@ -3,7 +3,7 @@ import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { after, before, describe, test } from 'node:test';
-import { FakeUpstream, responsesStream } from '../helpers/fake-upstream.js';
+import { anthropicBlocks, FakeUpstream, responsesStream } from '../helpers/fake-upstream.js';
 import { accessLog, entriesOf, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 import { installPackages, type InstalledPackages } from '../helpers/real-client.js';
 
@@ -58,8 +58,13 @@ describe(`Vercel AI SDK (${PACKAGES.slice(0, 3).join(', ')})`, () => {
       models: {
         'echo-1': { provider: 'mock' },
         'gpt-r': { provider: 'oai', upstreamModel: 'gpt-upstream', price: PRICE },
+        'claude-r': { provider: 'ant', upstreamModel: 'claude-upstream', price: PRICE },
       },
-      providers: { mock: { protocol: 'mock' }, oai: { protocol: 'openai', baseUrl: `${base}/v1`, apiKeyEnv: 'UP_KEY' } },
+      providers: {
+        mock: { protocol: 'mock' },
+        oai: { protocol: 'openai', baseUrl: `${base}/v1`, apiKeyEnv: 'UP_KEY' },
+        ant: { protocol: 'anthropic', baseUrl: base, apiKeyEnv: 'UP_KEY' },
+      },
     }), { env: { UP_KEY: 'sk-provider' } });
     ai = (await load(installed.dir, 'ai')) as Ai;
     const { createOpenAI } = (await load(installed.dir, '@ai-sdk/openai')) as { createOpenAI(o: Record<string, unknown>): Provider };
@@ -125,5 +130,21 @@ describe(`Vercel AI SDK (${PACKAGES.slice(0, 3).join(', ')})`, () => {
     assert.equal((await messages.usage).outputTokens, Math.ceil('over messages'.length / 4));
     assert.deepEqual(await lastPaths(2), ['200 /v1/chat/completions', '200 /v1/messages']);
     assert.equal(gw.gateway.inFlight, 0);
+  });
+
+  test('the default OpenAI provider on an Anthropic model (translated): a streamed tool call arrives parsed; charged exactly', async (t) => {
+    if ('skip' in installed) return t.skip(installed.skip);
+    up.queue.push(anthropicBlocks([{ text: 'Checking.' }, { tool: { id: 'toolu_ai1', name: 'get_weather', input: { city: 'Lima' } } }], { input: 400, output: 22, cacheRead: 600 }));
+    const before = entriesOf(gw, 'acct_ai').length;
+    const result = ai.streamText({
+      model: openai('claude-r'), prompt: 'Weather in Lima?', maxRetries: 0,
+      tools: { get_weather: ai.tool({ description: 'the weather', inputSchema: ai.jsonSchema({ type: 'object', properties: { city: { type: 'string' } }, required: ['city'] }) }) },
+    });
+    assert.deepEqual((await result.toolCalls).map((c) => [c.toolName, c.input]), [['get_weather', { city: 'Lima' }]]);
+    assert.equal((await result.usage).inputTokens, 1000);
+    assert.deepEqual(await lastPaths(1), ['200 /v1/responses']);
+    assert.equal(up.seen.at(-1)!.path, '/v1/messages');
+    const charges = entriesOf(gw, 'acct_ai').slice(before).map((e) => [e.amountMicro, e.inputTokens, e.outputTokens, e.estimated]);
+    assert.deepEqual(charges, [[-(400 * 1 + 600 * 0.5 + 22 * 2), 1000, 22, false]]);
   });
 });
