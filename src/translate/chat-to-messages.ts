@@ -1,7 +1,7 @@
 import { isObj } from '../protocols/common.js';
 import { eventData } from '../providers/sse.js';
 import {
-  argumentsObject, checkKnown, dataEvent, dataUrl, refuse, textOf, toolId, toolName,
+  argumentsObject, checkKnown, dataEvent, dataUrl, eventObject, refuse, textOf, toolId, toolName,
 } from './common.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
@@ -236,16 +236,8 @@ function stream(call: Translation): (event: string | null) => string {
   };
   return (event) => {
     if (event === null) return finish();
-    const data = eventData(event);
-    if (data === null || done) return '';
-    let msg: Record<string, unknown>;
-    try {
-      const parsed = JSON.parse(data) as unknown;
-      if (!isObj(parsed)) return '';
-      msg = parsed;
-    } catch {
-      return '';
-    }
+    const msg = done ? null : eventObject(eventData(event));
+    if (msg === null) return '';
     switch (msg.type) {
       case 'message_start': {
         const m = isObj(msg.message) ? msg.message : {};

@@ -90,6 +90,17 @@ export function answerArguments(args: unknown): Record<string, unknown> {
   return { _raw_arguments: args };
 }
 
+/** An event's data as a JSON object, or null (no data, not JSON, not an object). */
+export function eventObject(data: string | null): Record<string, unknown> | null {
+  if (data === null) return null;
+  try {
+    const parsed = JSON.parse(data) as unknown;
+    return isObj(parsed) ? parsed : null;
+  } catch {
+    return null;
+  }
+}
+
 /** One `data:` event of OpenAI's style. */
 export function dataEvent(value: unknown): string {
   return `data: ${JSON.stringify(value)}\n\n`;

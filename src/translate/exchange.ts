@@ -42,21 +42,24 @@ export class TranslatedCall implements Exchange {
 
   write(chunk: string): boolean {
     const out = this.events(chunk);
+    if (out === null) return false; // cut: the relay waits for a drain that never comes, and the close ends it
     return out === '' ? true : this.inner.write(out);
   }
 
   end(chunk?: string | Buffer): void {
     if (this.transduce !== null) {
-      const last = chunk === undefined ? '' : this.events(chunk.toString());
-      return this.inner.end(last + this.transduce(null));
+      const last = this.events(`${chunk === undefined ? '' : chunk.toString()}`, true);
+      if (last !== null) this.inner.end(last);
+      return;
     }
-    let json: unknown;
+    let body: string;
     try {
-      json = JSON.parse(chunk === undefined ? '' : chunk.toString());
+      const json = JSON.parse(chunk === undefined ? '' : chunk.toString()) as Record<string, unknown>;
+      body = JSON.stringify(this.translator.answer(json, this.call));
     } catch {
-      return this.inner.fail('upstream_error', { message: 'The provider answered something that is not JSON.' });
+      // Not JSON, or JSON too deeply nested to rebuild: the client cannot be given it.
+      return this.inner.fail('upstream_error', { message: 'The provider\'s answer could not be translated.' });
     }
-    const body = JSON.stringify(this.translator.answer(json as Record<string, unknown>, this.call));
     const held = this.held ?? { status: 200, extra: [] };
     const extra: string[] = [];
     for (let i = 0; i + 1 < held.extra.length; i += 2) {
@@ -66,15 +69,26 @@ export class TranslatedCall implements Exchange {
     this.inner.end(body);
   }
 
-  /** Whole provider events (the relay writes only whole ones) in the client's protocol. */
-  private events(chunk: string): string {
+  /**
+   * Whole provider events (the relay writes only whole ones) in the client's protocol, and at
+   * the `last` what the client's protocol needs to end; null when they could not be translated
+   * (a provider's event nested too deeply to rebuild): the answer is then cut.
+   */
+  private events(chunk: string, last = false): string | null {
+    const transduce = this.transduce!;
     let out = '';
-    let start = 0;
-    for (let end = chunk.indexOf('\n\n'); end !== -1; end = chunk.indexOf('\n\n', start)) {
-      out += this.transduce!(chunk.slice(start, end + 2));
-      start = end + 2;
+    try {
+      let start = 0;
+      for (let end = chunk.indexOf('\n\n'); end !== -1; end = chunk.indexOf('\n\n', start)) {
+        out += transduce(chunk.slice(start, end + 2));
+        start = end + 2;
+      }
+      if (start < chunk.length) out += transduce(`${chunk.slice(start)}\n\n`);
+      if (last) out += transduce(null);
+    } catch {
+      this.inner.cut('the provider\'s stream could not be translated');
+      return null;
     }
-    if (start < chunk.length) out += this.transduce!(`${chunk.slice(start)}\n\n`);
     return out;
   }
 

@@ -1,6 +1,6 @@
 import { isObj } from '../protocols/common.js';
 import { eventData } from '../providers/sse.js';
-import { answerArguments, checkKnown, refuse, textOf, toolId, toolName } from './common.js';
+import { answerArguments, checkKnown, eventObject, refuse, textOf, toolId, toolName } from './common.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
 /**
@@ -241,16 +241,9 @@ function stream(call: Translation): (event: string | null) => string {
     if (ev === null) return finish();
     if (finished) return '';
     const data = eventData(ev);
-    if (data === null) return '';
     if (data === '[DONE]') return finish();
-    let chunk: Record<string, unknown>;
-    try {
-      const parsed = JSON.parse(data) as unknown;
-      if (!isObj(parsed)) return '';
-      chunk = parsed;
-    } catch {
-      return '';
-    }
+    const chunk = eventObject(data);
+    if (chunk === null) return '';
     if (isObj(chunk.error)) {
       finished = true;
       const message = typeof chunk.error.message === 'string' ? chunk.error.message : 'The provider reported an error.';

@@ -1,6 +1,6 @@
 import { isObj } from '../protocols/common.js';
 import { eventData } from '../providers/sse.js';
-import { argumentsObject, checkKnown, dataUrl, refuse, textOf, toolId, toolName } from './common.js';
+import { argumentsObject, checkKnown, dataUrl, eventObject, refuse, textOf, toolId, toolName } from './common.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
 /**
@@ -273,17 +273,8 @@ function stream(call: Translation): (event: string | null) => string {
   };
   return (ev) => {
     if (ev === null) return finish();
-    if (done) return '';
-    const data = eventData(ev);
-    if (data === null) return '';
-    let msg: Record<string, unknown>;
-    try {
-      const parsed = JSON.parse(data) as unknown;
-      if (!isObj(parsed)) return '';
-      msg = parsed;
-    } catch {
-      return '';
-    }
+    const msg = done ? null : eventObject(eventData(ev));
+    if (msg === null) return '';
     switch (msg.type) {
       case 'message_start': {
         const m = isObj(msg.message) ? msg.message : {};

@@ -218,6 +218,22 @@ describe('translation through the official SDKs', () => {
     assert.deepEqual([lastCharge().amountMicro, lastCharge().estimated], [-(472 + 1024 + 400 + 178), false]);
   });
 
+  test('a provider answer too deeply nested to rebuild is 502 for the client, charged once, and the gateway lives on', async () => {
+    const deep = `${'{"a":'.repeat(200_000)}1${'}'.repeat(200_000)}`;
+    up.queue.push((_req, res) => {
+      const body = `{"id":"msg_deep","type":"message","role":"assistant","stop_reason":"tool_use","content":[{"type":"tool_use","id":"toolu_d","name":"f","input":${deep}}],"usage":{"input_tokens":10,"output_tokens":5}}`;
+      res.writeHead(200, { 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)) });
+      res.end(body);
+    });
+    const before = entriesOf(gw, 'acct_t').length;
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-translate', { model: 'claude-t', max_tokens: 10, messages: [{ role: 'user', content: 'x' }] });
+    assert.equal(res.status, 502);
+    assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'upstream_error');
+    assert.equal(entriesOf(gw, 'acct_t').length, before + 1, 'the provider answered: the call is charged, once');
+    assert.equal(lastCharge().amountMicro, -(10 + 10));
+    await until(() => gw.gateway.inFlight === 0, 2000, 'the slot released');
+  });
+
   test('what the target cannot express is 400 naming the field, before anything reaches the provider or is charged', async () => {
     const hits = up.hits;
     const entries = entriesOf(gw, 'acct_t').length;
