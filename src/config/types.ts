@@ -72,12 +72,19 @@ export interface ModelConfig {
 
 export type Protocol = 'openai' | 'anthropic' | 'mock';
 
+/** `Authorization: Bearer KEY`, `x-api-key: KEY` (Anthropic's) or `api-key: KEY` (Azure OpenAI's). */
+export type AuthHeader = 'bearer' | 'x-api-key' | 'api-key';
+
 export interface ProviderConfig {
   id: string;
   protocol: Protocol;
   baseUrl: string;
-  /** The provider credential read from `apiKeyEnv` at load, or null when none is needed. */
-  apiKey: string | null;
+  /** The provider credentials read from `apiKeyEnv` (one variable or several) at load; empty when none is needed. */
+  apiKeys: string[];
+  /** How the credential is sent: the protocol's own way (null), or as named for a compatible server. */
+  authHeader: AuthHeader | null;
+  /** Static headers sent with every upstream request, as name/value pairs (lowercase names). */
+  headers: string[];
   timeoutMs: number;
   streamIdleTimeoutMs: number;
   /** Mock only: delay before the first byte. */

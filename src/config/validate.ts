@@ -3,7 +3,7 @@ import { isAbsolute, resolve } from 'node:path';
 import { FREE, MAX_PRICE_MICRO, type Price } from '../money.js';
 import { amountField, boolField, capField, ENTITY_ID, ENTITY_ID_RULE, limitField, modelsField, NAME_ID, NAME_ID_RULE } from './fields.js';
 import type {
-  AccountConfig, GatewayConfig, KeyConfig, LedgerConfig, Limit, LimiterConfig, ModelConfig, PlanConfig,
+  AccountConfig, AuthHeader, GatewayConfig, KeyConfig, LedgerConfig, Limit, LimiterConfig, ModelConfig, PlanConfig,
   Protocol, ProviderConfig, ServerConfig,
 } from './types.js';
 
@@ -229,10 +229,38 @@ function checkLedger(c: Checker, value: unknown, baseDir: string): LedgerConfig 
 }
 
 const PROVIDER_KEYS: Record<Protocol, readonly string[]> = {
-  openai: ['protocol', 'baseUrl', 'apiKeyEnv', 'timeoutMs', 'streamIdleTimeoutMs'],
-  anthropic: ['protocol', 'baseUrl', 'apiKeyEnv', 'timeoutMs', 'streamIdleTimeoutMs'],
+  openai: ['protocol', 'baseUrl', 'apiKeyEnv', 'authHeader', 'headers', 'timeoutMs', 'streamIdleTimeoutMs'],
+  anthropic: ['protocol', 'baseUrl', 'apiKeyEnv', 'authHeader', 'headers', 'timeoutMs', 'streamIdleTimeoutMs'],
   mock: ['protocol', 'latencyMs', 'tokensPerSecond'],
 };
+
+/** Headers the gateway sets itself (framing, routing, credentials, what it reads answers by): not overridable. */
+const OWN_HEADERS = new Set([
+  'host', 'content-length', 'content-type', 'transfer-encoding', 'connection', 'keep-alive', 'upgrade', 'te', 'trailer', 'expect',
+  'accept', 'accept-encoding', 'authorization', 'x-api-key', 'api-key', 'x-request-id', 'proxy-authorization',
+]);
+const CREDENTIAL_HEADERS = new Set(['authorization', 'x-api-key', 'api-key']);
+const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$/;
+const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]{0,4096}$/;
+
+/** A provider's static `headers` (`{name: value}`), as lowercase name/value pairs. */
+function staticHeaders(c: Checker, path: string, value: unknown): string[] {
+  if (value === undefined) return [];
+  if (!isObj(value)) {
+    c.fail(path, 'must be an object of header names to values');
+    return [];
+  }
+  const out: string[] = [];
+  for (const [name, v] of Object.entries(value)) {
+    const at = joinPath(path, name);
+    const lower = name.toLowerCase();
+    if (!TOKEN.test(name)) c.fail(at, 'is not a valid header name');
+    else if (OWN_HEADERS.has(lower)) c.fail(at, `is set by the gateway itself${CREDENTIAL_HEADERS.has(lower) ? ' (authHeader says where the key goes)' : ''}`);
+    else if (typeof v !== 'string' || !HEADER_VALUE.test(v)) c.fail(at, 'must be a string of at most 4096 characters without line breaks');
+    else out.push(lower, v);
+  }
+  return out;
+}
 
 function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): Map<string, ProviderConfig> {
   const out = new Map<string, ProviderConfig>();
@@ -256,19 +284,27 @@ function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): M
       }
       baseUrl = baseUrl.replace(/\/+$/, '');
     }
-    let apiKey: string | null = null;
+    const apiKeys: string[] = [];
     if (o.apiKeyEnv !== undefined) {
-      const name = c.string(`${path}.apiKeyEnv`, o.apiKeyEnv, '');
-      // An own property, and a string: `apiKeyEnv: "toString"` names no variable.
-      const value = name !== '' && Object.hasOwn(env, name) ? env[name] : undefined;
-      const found = typeof value === 'string' ? value : undefined;
-      if (name !== '' && (found === undefined || found === '')) {
-        c.fail(`${path}.apiKeyEnv`, `environment variable ${name} is not set`);
-      }
-      apiKey = found ?? null;
+      // One variable, or several (a key is chosen per call; a 429 moves the next attempt to another).
+      const names = Array.isArray(o.apiKeyEnv) ? o.apiKeyEnv : [o.apiKeyEnv];
+      if (names.length === 0 || names.length > 64) c.fail(`${path}.apiKeyEnv`, 'must name 1 to 64 environment variables');
+      names.forEach((raw, i) => {
+        const at = Array.isArray(o.apiKeyEnv) ? `${path}.apiKeyEnv[${i}]` : `${path}.apiKeyEnv`;
+        const name = c.string(at, raw, '');
+        // An own property, and a string: `apiKeyEnv: "toString"` names no variable.
+        const value = name !== '' && Object.hasOwn(env, name) ? env[name] : undefined;
+        if (typeof value === 'string' && value !== '') apiKeys.push(value);
+        else if (name !== '') c.fail(at, `environment variable ${name} is not set`);
+      });
+    }
+    let authHeader: AuthHeader | null = null;
+    if (o.authHeader !== undefined) {
+      if (o.authHeader === 'bearer' || o.authHeader === 'x-api-key' || o.authHeader === 'api-key') authHeader = o.authHeader;
+      else c.fail(`${path}.authHeader`, `must be "bearer", "x-api-key" or "api-key", got ${JSON.stringify(o.authHeader)}`);
     }
     out.set(id, {
-      id, protocol, baseUrl, apiKey,
+      id, protocol, baseUrl, apiKeys, authHeader, headers: staticHeaders(c, `${path}.headers`, o.headers),
       timeoutMs: c.int(`${path}.timeoutMs`, o.timeoutMs, 1, 3_600_000, 60_000),
       streamIdleTimeoutMs: c.int(`${path}.streamIdleTimeoutMs`, o.streamIdleTimeoutMs, 1, 3_600_000, 120_000),
       latencyMs: c.int(`${path}.latencyMs`, o.latencyMs, 0, 600_000, 0),

@@ -5,7 +5,7 @@ import type { ProviderConfig } from '../config/types.js';
 import { upstreamStatusSpec } from '../errors.js';
 import { ConnectionPool } from './pool.js';
 import { WIRES } from '../protocols/index.js';
-import type { ProviderKind } from './kinds.js';
+import { credential, type ProviderKind } from './kinds.js';
 import { backoffMs, MAX_ATTEMPTS, RETRY_STATUSES, retryAfterMs } from './retry.js';
 import { EventTooLarge, SseSplitter } from './sse.js';
 import { usageField } from './usage-field.js';
@@ -131,15 +131,17 @@ export class HttpProvider implements Provider {
   private readonly targets = new Map<string, Target>();
   /** Every call's `timeoutMs`. */
   private readonly timeouts: Watchlist;
-  /** The provider's credential header, built once. */
-  private readonly credentials: string[];
+  /** One credential header pair per key (none when the provider needs no key), built once. */
+  private readonly credentials: Array<[string, string]>;
+  /** The key the next call starts with: calls take the keys in turn. */
+  private nextKey = 0;
 
   /** Where token counts go (Anthropic's count_tokens), or null for a kind that cannot count. */
   private readonly countTarget: Target | null;
 
   constructor(private readonly config: ProviderConfig, private readonly kind: ProviderKind) {
     this.timeouts = new Watchlist(config.timeoutMs);
-    this.credentials = kind.credentials(config.apiKey);
+    this.credentials = config.apiKeys.map((key) => credential(config.authHeader ?? kind.authHeader, key));
     for (const [endpoint, path] of Object.entries(kind.paths)) this.targets.set(endpoint, targetOf(new URL(config.baseUrl + path)));
     this.countTarget = kind.countTokensPath === null ? null : targetOf(new URL(config.baseUrl + kind.countTokensPath));
   }
@@ -163,8 +165,10 @@ export class HttpProvider implements Provider {
     const headers = [
       'host', target.host, 'content-type', 'application/json', 'content-length', String(Buffer.byteLength(body)),
       'accept', 'application/json', 'accept-encoding', 'identity', 'x-request-id', request.requestId,
-      ...this.credentials, ...this.kind.headers((name) => request.header(name)),
+      ...this.kind.headers((name) => request.header(name)), ...this.config.headers,
     ];
+    const key = this.takeKey();
+    if (key >= 0) headers.push(...this.credentials[key]!);
     let over = false;
     const finish = (then: () => void) => {
       if (over) return;
@@ -206,9 +210,12 @@ export class HttpProvider implements Provider {
       'accept', ex.stream ? 'text/event-stream' : 'application/json',
       'accept-encoding', 'identity', // the gateway reads usage out of the answer
       'x-request-id', ex.requestId,
-      ...this.credentials,
       ...this.kind.headers((name) => ex.header(name)),
+      ...this.config.headers,
     ];
+    // The credential goes last, so a retry after a 429 can put another key in its place.
+    let key = this.takeKey();
+    if (key >= 0) headers.push(...this.credentials[key]!);
     const options = {
       method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers,
     };
@@ -264,7 +271,11 @@ export class HttpProvider implements Provider {
         if (done || phase !== 'headers') return;
         done = true;
         pending = null;
-        this.onOutcome(ex, outcome, n, deadlineAt, call, (wait) => {
+        this.onOutcome(ex, outcome, n, deadlineAt, call, (wait, otherKey) => {
+          if (otherKey) {
+            key = (key + 1) % this.credentials.length;
+            headers[headers.length - 1] = this.credentials[key]![1];
+          }
           waiting = setTimeout(() => { waiting = null; attempt(n + 1); }, wait);
         });
       };
@@ -279,13 +290,24 @@ export class HttpProvider implements Provider {
   }
 
   /** What one attempt's outcome leads to: another attempt, the answer relayed, or an error answered. */
-  private onOutcome(ex: Exchange, outcome: Outcome, n: number, deadlineAt: number, call: Call, retry: (waitMs: number) => void): void {
+  /** The index of the key a call starts with, the keys taken in turn; -1 when the provider has none. */
+  private takeKey(): number {
+    const n = this.credentials.length;
+    if (n === 0) return -1;
+    const key = this.nextKey;
+    this.nextKey = key + 1 === n ? 0 : key + 1;
+    return key;
+  }
+
+  private onOutcome(
+    ex: Exchange, outcome: Outcome, n: number, deadlineAt: number, call: Call, retry: (waitMs: number, otherKey: boolean) => void,
+  ): void {
     if (ex.aborted) return call.end();
     if (outcome.kind === 'error') {
       ex.noteDelivered(false); // a refused call is not billed
       ex.upstreamFailed('connection');
       const wait = backoffMs(n, null);
-      if (n < MAX_ATTEMPTS && wait < deadlineAt - performance.now()) return retry(wait);
+      if (n < MAX_ATTEMPTS && wait < deadlineAt - performance.now()) return retry(wait, false);
       call.end();
       return ex.fail('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
     }
@@ -299,11 +321,13 @@ export class HttpProvider implements Provider {
     ex.upstreamFailed(status === 429 || status === 503 || status === 529 ? String(status) : status < 500 ? '4xx' : '5xx');
 
     const providerWait = retryAfterMs(res.headers, Date.now());
+    // A 429 is about one key: with another key the next attempt need not wait for this one's Retry-After.
+    const otherKey = status === 429 && this.credentials.length > 1;
     if (RETRY_STATUSES.has(status)) {
-      const wait = backoffMs(n, providerWait);
-      if (n < MAX_ATTEMPTS && wait < deadlineAt - performance.now() && (status !== 429 || providerWait === null || providerWait <= 5000)) {
+      const wait = backoffMs(n, otherKey ? null : providerWait);
+      if (n < MAX_ATTEMPTS && wait < deadlineAt - performance.now() && (status !== 429 || otherKey || providerWait === null || providerWait <= 5000)) {
         res.resume(); // discard, keep the connection for reuse
-        return retry(wait);
+        return retry(wait, otherKey);
       }
     }
     readAnswer(res, MAX_ERROR_BYTES, call, (answer) => {

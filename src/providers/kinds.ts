@@ -1,4 +1,4 @@
-import type { Protocol } from '../config/types.js';
+import type { AuthHeader, Protocol } from '../config/types.js';
 import type { Endpoint } from '../protocols/types.js';
 
 /**
@@ -10,8 +10,8 @@ export interface ProviderKind {
   readonly paths: Readonly<Partial<Record<Endpoint, string>>>;
   /** The path of token counting (Anthropic's count_tokens), when the kind has one. */
   readonly countTokensPath: string | null;
-  /** The credential header for the provider's key, as name/value pairs (built once per provider). */
-  credentials(apiKey: string | null): string[];
+  /** How the key is sent unless the provider says otherwise (`authHeader`). */
+  readonly authHeader: AuthHeader;
   /** Headers of one call taken from the client's request, as name/value pairs. */
   headers(header: (name: string) => string | undefined): readonly string[];
 }
@@ -22,13 +22,13 @@ export const KINDS: Readonly<Record<Exclude<Protocol, 'mock'>, ProviderKind>> = 
   openai: {
     paths: { chat: '/chat/completions', responses: '/responses', embeddings: '/embeddings' },
     countTokensPath: null,
-    credentials: (apiKey) => (apiKey === null ? [] : ['authorization', `Bearer ${apiKey}`]),
+    authHeader: 'bearer',
     headers: () => NO_HEADERS,
   },
   anthropic: {
     paths: { messages: '/v1/messages' },
     countTokensPath: '/v1/messages/count_tokens',
-    credentials: (apiKey) => (apiKey === null ? [] : ['x-api-key', apiKey]),
+    authHeader: 'x-api-key',
     headers(header) {
       const headers = ['anthropic-version', header('anthropic-version') ?? '2023-06-01'];
       const beta = header('anthropic-beta');
@@ -41,4 +41,9 @@ export const KINDS: Readonly<Record<Exclude<Protocol, 'mock'>, ProviderKind>> = 
 /** Whether a model of this protocol can answer this endpoint (the mock answers every one). */
 export function supports(protocol: Protocol, endpoint: Endpoint): boolean {
   return protocol === 'mock' || KINDS[protocol].paths[endpoint] !== undefined;
+}
+
+/** The credential header pair for `apiKey`, sent as `authHeader` says. */
+export function credential(authHeader: AuthHeader, apiKey: string): [string, string] {
+  return authHeader === 'bearer' ? ['authorization', `Bearer ${apiKey}`] : [authHeader, apiKey];
 }

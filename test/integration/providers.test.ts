@@ -272,6 +272,47 @@ describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
   });
 });
 
+describe('compatible providers: where the key goes, static headers, several keys', () => {
+  test('an Azure-style provider gets api-key and its static headers; calls take the keys in turn; a 429 moves the retry to another key at once', async () => {
+    const up = new FakeUpstream();
+    const base = await up.start();
+    const gw = await startGateway(testConfig({
+      plans: { p: { rpm: 1000, concurrency: 10 } },
+      accounts: { acct_z: { plan: 'p' } },
+      keys: { key_z: { account: 'acct_z', key: 'sk-client-z' } },
+      models: { 'gpt-az': { provider: 'azure', upstreamModel: 'gpt-4o-deploy', price: PRICE }, 'claude-c': { provider: 'compat', price: PRICE } },
+      providers: {
+        azure: { protocol: 'openai', baseUrl: `${base}/openai/v1`, apiKeyEnv: ['AZ_1', 'AZ_2'], authHeader: 'api-key', headers: { 'x-ms-client': 'gateway', 'OpenAI-Organization': 'org-9' } },
+        compat: { protocol: 'anthropic', baseUrl: base, apiKeyEnv: 'COMPAT_KEY', authHeader: 'bearer' },
+      },
+    }), { env: { AZ_1: 'az-key-1', AZ_2: 'az-key-2', COMPAT_KEY: 'compat-key' } });
+    try {
+      up.fallback = (_req, res) => json(res, 200, openaiCompletion('ok'));
+      for (let i = 0; i < 4; i++) assert.equal((await postJson(`${gw.url}/v1/chat/completions`, 'sk-client-z', chatBody('gpt-az'))).status, 200);
+      assert.deepEqual(up.seen.map((s) => s.headers['api-key']), ['az-key-1', 'az-key-2', 'az-key-1', 'az-key-2']);
+      for (const seen of up.seen) {
+        assert.equal(seen.path, '/openai/v1/chat/completions');
+        assert.equal(seen.headers.authorization, undefined);
+        assert.deepEqual([seen.headers['x-ms-client'], seen.headers['openai-organization']], ['gateway', 'org-9']);
+      }
+      // A 429 with a long Retry-After on one key: the next attempt goes to the other key, without waiting.
+      up.queue.push((_req, res) => json(res, 429, { error: { message: 'key quota' } }, { 'retry-after': '30' }));
+      const seen = up.seen.length;
+      const started = Date.now();
+      assert.equal((await postJson(`${gw.url}/v1/chat/completions`, 'sk-client-z', chatBody('gpt-az'))).status, 200);
+      assert.ok(Date.now() - started < 5000);
+      assert.deepEqual(up.seen.slice(seen).map((s) => s.headers['api-key']), ['az-key-1', 'az-key-2']);
+      // An Anthropic-compatible server that wants a Bearer token.
+      up.fallback = (_req, res) => json(res, 200, anthropicMessage('hi'));
+      assert.equal((await postJson(`${gw.url}/v1/messages`, 'sk-client-z', { model: 'claude-c', max_tokens: 5, messages: [{ role: 'user', content: 'x' }] })).status, 200);
+      assert.deepEqual([up.seen.at(-1)!.headers.authorization, up.seen.at(-1)!.headers['x-api-key']], ['Bearer compat-key', undefined]);
+    } finally {
+      await gw.close();
+      await up.close();
+    }
+  });
+});
+
 describe('backpressure', () => {
   test('a client that does not read makes the gateway pause the provider, not buffer', async () => {
     const up = new FakeUpstream();

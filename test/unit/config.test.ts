@@ -103,10 +103,41 @@ describe('config validation', () => {
       },
     }, opts);
     assert.ok(r.ok);
-    assert.equal(r.config.providers.get('o')!.apiKey, 'sk-up');
+    assert.deepEqual(r.config.providers.get('o')!.apiKeys, ['sk-up']);
+    assert.deepEqual(r.config.providers.get('a')!.apiKeys, []);
     assert.equal(r.config.providers.get('o')!.baseUrl, 'https://api.openai.com/v1');
     assert.equal(r.config.providers.get('a')!.baseUrl, 'http://127.0.0.1:9');
     assert.ok(errorsOf({ providers: { a: { protocol: 'anthropic', baseUrl: 'ftp://x' } } })[0]!.includes('http://'));
+  });
+
+  test('providers: several keys, where the key goes, static headers; each mistake named', () => {
+    const env = { K1: 'sk-1', K2: 'sk-2' };
+    const r = validateConfig({
+      providers: {
+        azure: { protocol: 'openai', baseUrl: 'https://r.openai.azure.com/openai/v1', apiKeyEnv: ['K1', 'K2'], authHeader: 'api-key', headers: { 'X-Team': 'ml', 'OpenAI-Organization': 'org-1' } },
+      },
+    }, { ...opts, env });
+    assert.ok(r.ok);
+    const azure = r.config.providers.get('azure')!;
+    assert.deepEqual([azure.apiKeys, azure.authHeader, azure.headers], [['sk-1', 'sk-2'], 'api-key', ['x-team', 'ml', 'openai-organization', 'org-1']]);
+    const errors = validateConfig({
+      providers: {
+        p: { protocol: 'openai', apiKeyEnv: ['K1', 'NOPE'], authHeader: 'basic', headers: { Authorization: 'x', 'bad name': 'v', 'x-ok': 'line\nbreak', 'Content-Length': '1' } },
+        q: { protocol: 'anthropic', apiKeyEnv: [], headers: 'x' },
+        m: { protocol: 'mock', headers: {} },
+      },
+    }, { ...opts, env }) as { errors: string[] };
+    assert.deepEqual(errors.errors, [
+      'providers.p.apiKeyEnv[1]: environment variable NOPE is not set',
+      'providers.p.authHeader: must be "bearer", "x-api-key" or "api-key", got "basic"',
+      'providers.p.headers.Authorization: is set by the gateway itself (authHeader says where the key goes)',
+      'providers.p.headers["bad name"]: is not a valid header name',
+      'providers.p.headers.x-ok: must be a string of at most 4096 characters without line breaks',
+      'providers.p.headers.Content-Length: is set by the gateway itself',
+      'providers.q.apiKeyEnv: must name 1 to 64 environment variables',
+      'providers.q.headers: must be an object of header names to values',
+      'providers.m.headers: unknown key (allowed: protocol, latencyMs, tokensPerSecond)',
+    ]);
   });
 });
 
