@@ -289,7 +289,6 @@ export class HttpProvider implements Provider {
     attempt(1);
   }
 
-  /** What one attempt's outcome leads to: another attempt, the answer relayed, or an error answered. */
   /** The index of the key a call starts with, the keys taken in turn; -1 when the provider has none. */
   private takeKey(): number {
     const n = this.credentials.length;
@@ -299,6 +298,10 @@ export class HttpProvider implements Provider {
     return key;
   }
 
+  /**
+   * What one attempt's outcome leads to: another attempt (on another key after a 429, when
+   * there is one), the answer relayed, or an error answered.
+   */
   private onOutcome(
     ex: Exchange, outcome: Outcome, n: number, deadlineAt: number, call: Call, retry: (waitMs: number, otherKey: boolean) => void,
   ): void {
