@@ -185,7 +185,7 @@ function tools(body: Record<string, unknown>, out: Record<string, unknown>, name
     mapped ??= { type: 'auto' };
     if (mapped.type !== 'none') mapped.disable_parallel_tool_use = true;
   }
-  if (mapped !== null) out.tool_choice = mapped;
+  if (mapped !== null && out.tools !== undefined) out.tool_choice = mapped; // Anthropic takes no tool_choice without tools
 }
 
 /** Chat usage from Anthropic's: `prompt_tokens` includes the cache reads and writes Anthropic counts apart. */

@@ -153,7 +153,7 @@ function tools(body: Record<string, unknown>, out: Record<string, unknown>, name
     });
   }
   const choice = body.tool_choice;
-  if (choice === undefined || choice === null) return;
+  if (choice === undefined || choice === null || out.tools === undefined) return; // no tool_choice without tools
   if (!isObj(choice)) refuse('tool_choice', '"tool_choice" must be an object.');
   if (choice.type === 'auto') out.tool_choice = 'auto';
   else if (choice.type === 'any') out.tool_choice = 'required';

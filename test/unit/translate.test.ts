@@ -81,8 +81,10 @@ describe('chat client -> Anthropic provider', () => {
     const cases: Array<[unknown, unknown]> = [['auto', { type: 'auto' }], ['none', { type: 'none' }], ['required', { type: 'any' }],
       [{ type: 'function', function: { name: 'f' } }, { type: 'tool', name: 'f' }]];
     for (const [choice, want] of cases) {
-      const body = { model: 'm', messages: [{ role: 'user', content: 'x' }], tool_choice: choice };
+      const body = { model: 'm', messages: [{ role: 'user', content: 'x' }], tool_choice: choice, tools: [{ type: 'function', function: { name: 'f' } }] };
       assert.deepEqual(chatToMessages.request(body, facts(body)).body.tool_choice, want);
+      const bare = { model: 'm', messages: [{ role: 'user', content: 'x' }], tool_choice: choice };
+      assert.equal(chatToMessages.request(bare, facts(bare)).body.tool_choice, undefined, 'no tool_choice without tools');
     }
     const body = { model: 'm', messages: [{ role: 'user', content: 'x' }], reasoning_effort: 'medium', seed: 1, store: true };
     const out = chatToMessages.request(body, facts(body));
@@ -197,8 +199,10 @@ describe('Anthropic client -> OpenAI provider', () => {
 
   test('request: tool_choice each way; what chat cannot express is 400 naming the field', () => {
     for (const [choice, want] of [[{ type: 'any' }, 'required'], [{ type: 'none' }, 'none'], [{ type: 'tool', name: 'f' }, { type: 'function', function: { name: 'f' } }]] as const) {
-      const body = { model: 'm', max_tokens: 10, messages: [{ role: 'user', content: 'x' }], tool_choice: choice };
+      const body = { model: 'm', max_tokens: 10, messages: [{ role: 'user', content: 'x' }], tool_choice: choice, tools: [{ name: 'f', input_schema: {} }] };
       assert.deepEqual(messagesToChat.request(body, facts(body)).body.tool_choice, want);
+      const bare = { model: 'm', max_tokens: 10, messages: [{ role: 'user', content: 'x' }], tool_choice: choice };
+      assert.equal(messagesToChat.request(bare, facts(bare)).body.tool_choice, undefined, 'no tool_choice without tools');
     }
     const m = [{ role: 'user', content: 'x' }];
     refused(messagesToChat, { model: 'm', max_tokens: 10, messages: m, top_k: 5 }, 'top_k');
