@@ -23,6 +23,15 @@ type Message = Record<string, unknown>;
 
 const STOP: Record<string, string> = { stop: 'end_turn', length: 'max_tokens', tool_calls: 'tool_use', function_call: 'tool_use', content_filter: 'refusal' };
 
+/**
+ * Anthropic's stop reason for a chat finish reason. Some compatible servers (Ollama, older vLLM)
+ * finish a turn that calls tools with "stop": it is still a tool_use turn for an Anthropic client.
+ */
+function stopReason(finish: unknown, calledTools: boolean): string {
+  const reason = STOP[String(finish)] ?? 'end_turn';
+  return reason === 'end_turn' && calledTools ? 'tool_use' : reason;
+}
+
 function request(body: Record<string, unknown>, facts: CallFacts): TranslatedRequest {
   checkKnown(body, KNOWN, 'OpenAI Chat Completions');
   const dropped: string[] = [];
@@ -193,7 +202,8 @@ function answer(json: Record<string, unknown>, call: Translation): Record<string
   }
   return {
     id: `msg_${toolId(json.id, call.requestId)}`, type: 'message', role: 'assistant', model: call.model, content,
-    stop_reason: STOP[String(choice.finish_reason)] ?? 'end_turn', stop_sequence: null, usage: messagesUsage(json.usage),
+    stop_reason: stopReason(choice.finish_reason, content.some((b) => (b as { type: string }).type === 'tool_use')), stop_sequence: null,
+    usage: messagesUsage(json.usage),
   };
 }
 
@@ -210,7 +220,8 @@ function stream(call: Translation): (event: string | null) => string {
   let blocks = 0;
   let text = -1; // the open text block, or -1
   const toolBlock = new Map<number, number>(); // tool call index -> block index
-  let stop = 'end_turn';
+  let finishReason: unknown = null;
+  let calledTools = false;
   let usage: Record<string, number> | null = null;
   const start = (id: unknown) => {
     if (started) return '';
@@ -235,7 +246,7 @@ function stream(call: Translation): (event: string | null) => string {
     for (const index of toolBlock.values()) out += event('content_block_stop', { index });
     toolBlock.clear();
     const u = usage ?? { input_tokens: call.inputTokens, output_tokens: 0, cache_read_input_tokens: 0, cache_creation_input_tokens: 0 };
-    return `${out}${event('message_delta', { delta: { stop_reason: stop, stop_sequence: null }, usage: u })}${event('message_stop', {})}`;
+    return `${out}${event('message_delta', { delta: { stop_reason: stopReason(finishReason, calledTools), stop_sequence: null }, usage: u })}${event('message_stop', {})}`;
   };
   return (ev) => {
     if (ev === null) return finish();
@@ -273,6 +284,7 @@ function stream(call: Translation): (event: string | null) => string {
           out += closeText();
           index = blocks++;
           toolBlock.set(n, index);
+          calledTools = true;
           out += event('content_block_start', { index, content_block: { ...toolUse(tc, `toolu_${call.requestId}_${n}`, call.names, {}) } });
         }
         const fn = isObj(tc.function) ? tc.function : {};
@@ -281,7 +293,7 @@ function stream(call: Translation): (event: string | null) => string {
         }
       }
     }
-    if (typeof choice.finish_reason === 'string') stop = STOP[choice.finish_reason] ?? 'end_turn';
+    if (typeof choice.finish_reason === 'string') finishReason = choice.finish_reason;
     return out;
   };
 }

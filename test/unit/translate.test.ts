@@ -233,6 +233,13 @@ describe('Anthropic client -> OpenAI provider', () => {
     for (const [finish, reason] of [['stop', 'end_turn'], ['length', 'max_tokens'], ['content_filter', 'refusal']]) {
       assert.equal(messagesToChat.answer({ choices: [{ finish_reason: finish, message: {} }] }, call).stop_reason, reason);
     }
+    // A compatible server that finishes a tool-calling turn with "stop" still made a tool_use turn.
+    const ollama = { finish_reason: 'stop', message: { tool_calls: [{ id: 'c', function: { name: 'f', arguments: '{}' } }] } };
+    assert.equal(messagesToChat.answer({ choices: [ollama] }, call).stop_reason, 'tool_use');
+    const t = messagesToChat.stream(call);
+    const streamed = t('data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"f","arguments":"{}"}}]}}]}\n\n') +
+      t('data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n') + t('data: [DONE]\n\n');
+    assert.deepEqual(json(streamed).find((e) => e.type === 'message_delta')!.delta, { stop_reason: 'tool_use', stop_sequence: null });
   });
 
   test('stream: a recorded OpenAI stream in every two-chunk split gives the same events: message_start with a real input count, blocks, input_json_delta, usage', () => {
