@@ -3,6 +3,7 @@ import { eventData } from '../providers/sse.js';
 import {
   argumentsObject, checkKnown, dataEvent, dataUrl, eventObject, refuse, textOf, toolId, toolName,
 } from './common.js';
+import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
 /**
@@ -17,11 +18,6 @@ const KNOWN = new Set([
 ]);
 /** Optional fields without an Anthropic equivalent that leave the meaning of the call alone. */
 const DROPPABLE = ['store', 'seed', 'service_tier', 'prompt_cache_key', 'metadata'];
-/** Extended-thinking budgets for OpenAI's reasoning efforts. */
-const EFFORT_BUDGET: Record<string, number> = { low: 1024, medium: 4096, high: 16384 };
-
-type Block = Record<string, unknown>;
-type Turn = { role: 'user' | 'assistant'; content: Block[] };
 
 const FINISH: Record<string, string> = {
   end_turn: 'stop', stop_sequence: 'stop', pause_turn: 'stop', max_tokens: 'length', model_context_window_exceeded: 'length',
@@ -49,13 +45,7 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
 
   const out: Record<string, unknown> = { model: body.model };
   const system: Block[] = [];
-  const turns: Turn[] = [];
-  const push = (role: Turn['role'], blocks: Block[]) => {
-    if (blocks.length === 0) return;
-    const last = turns.at(-1);
-    if (last !== undefined && last.role === role) last.content.push(...blocks);
-    else turns.push({ role, content: blocks });
-  };
+  const { turns, push } = turnList();
   (body.messages as unknown[]).forEach((m, i) => {
     const msg = m as Record<string, unknown>;
     const at = `messages[${i}]`;
@@ -83,24 +73,9 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   out.messages = turns;
   out.max_tokens = facts.maxOutputTokens;
   if (body.stop !== undefined && body.stop !== null) out.stop_sequences = typeof body.stop === 'string' ? [body.stop] : body.stop;
-  if (body.temperature !== undefined && body.temperature !== null) {
-    if (typeof body.temperature === 'number' && body.temperature > 1) refuse('temperature', '"temperature" must be from 0 to 1 for this model\'s provider.');
-    out.temperature = body.temperature;
-  }
-  if (body.top_p !== undefined && body.top_p !== null) out.top_p = body.top_p;
-  if (body.stream === true) out.stream = true;
-  const user = typeof body.user === 'string' ? body.user : typeof body.safety_identifier === 'string' ? body.safety_identifier : null;
-  if (user !== null) out.metadata = { user_id: user };
+  sampling(body, out);
   tools(body, out, names);
-  const effort = body.reasoning_effort;
-  if (typeof effort === 'string' && EFFORT_BUDGET[effort] !== undefined) {
-    const maxTokens = out.max_tokens as number;
-    if (maxTokens <= 1024) refuse('reasoning_effort', '"reasoning_effort" needs an output limit above 1024 tokens on this model\'s provider.');
-    if (out.temperature !== undefined && out.temperature !== 1) refuse('temperature', '"temperature" must be 1 (or absent) with "reasoning_effort" on this model\'s provider.');
-    out.thinking = { type: 'enabled', budget_tokens: Math.min(EFFORT_BUDGET[effort]!, maxTokens - 1) };
-  } else if (effort !== undefined && effort !== null && effort !== 'none' && effort !== 'minimal') {
-    refuse('reasoning_effort', `"reasoning_effort" ${JSON.stringify(effort)} is not one of none, minimal, low, medium, high.`);
-  }
+  thinking(body.reasoning_effort, 'reasoning_effort', out);
   return { body: out, dropped, names };
 }
 
@@ -174,18 +149,7 @@ function tools(body: Record<string, unknown>, out: Record<string, unknown>, name
       return def;
     });
   }
-  const choice = body.tool_choice;
-  let mapped: Record<string, unknown> | null = null;
-  if (choice === 'auto') mapped = { type: 'auto' };
-  else if (choice === 'none') mapped = { type: 'none' };
-  else if (choice === 'required') mapped = { type: 'any' };
-  else if (isObj(choice) && isObj(choice.function) && typeof choice.function.name === 'string') mapped = { type: 'tool', name: toolName(choice.function.name, names) };
-  else if (choice !== undefined && choice !== null) refuse('tool_choice', '"tool_choice" must be auto, none, required or a named function.');
-  if (body.parallel_tool_calls === false && out.tools !== undefined) {
-    mapped ??= { type: 'auto' };
-    if (mapped.type !== 'none') mapped.disable_parallel_tool_use = true;
-  }
-  if (mapped !== null && out.tools !== undefined) out.tool_choice = mapped; // Anthropic takes no tool_choice without tools
+  toolChoice(body, out, names);
 }
 
 /** Chat usage from Anthropic's: `prompt_tokens` includes the cache reads and writes Anthropic counts apart. */

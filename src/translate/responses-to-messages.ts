@@ -1,6 +1,7 @@
 import { isObj } from '../protocols/common.js';
 import { eventData } from '../providers/sse.js';
 import { argumentsObject, checkKnown, dataUrl, eventObject, refuse, textOf, toolId, toolName } from './common.js';
+import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
 /**
@@ -16,14 +17,11 @@ const KNOWN = new Set([
 ]);
 /** Optional fields without an Anthropic equivalent that leave the meaning of the call alone. */
 const DROPPABLE = ['store', 'include', 'prompt_cache_key', 'client_metadata', 'metadata', 'service_tier', 'truncation', 'stream_options'];
-const EFFORT_BUDGET: Record<string, number> = { low: 1024, medium: 4096, high: 16384, xhigh: 32768 };
 /** Separates a namespace from its function in `names` (no tool name holds it). */
 const NAMESPACED = '\u0000';
 /** Marks the gateway's own `encrypted_content`: an Anthropic thinking block, carried through the client and back. */
 const THINKING = 'mg-thinking-v1:';
 
-type Block = Record<string, unknown>;
-type Turn = { role: 'user' | 'assistant'; content: Block[] };
 
 function request(body: Record<string, unknown>, facts: CallFacts): TranslatedRequest {
   checkKnown(body, KNOWN, 'Anthropic Messages');
@@ -45,13 +43,7 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
 
   const system: Block[] = [];
   if (typeof body.instructions === 'string' && body.instructions !== '') system.push({ type: 'text', text: body.instructions });
-  const turns: Turn[] = [];
-  const push = (role: Turn['role'], blocks: Block[]) => {
-    if (blocks.length === 0) return;
-    const last = turns.at(-1);
-    if (last !== undefined && last.role === role) last.content.push(...blocks);
-    else turns.push({ role, content: blocks });
-  };
+  const { turns, push } = turnList();
   const items = typeof body.input === 'string' ? [{ type: 'message', role: 'user', content: body.input }] : Array.isArray(body.input) ? body.input : [];
   items.forEach((raw, i) => {
     const item = isObj(raw) ? raw : {};
@@ -86,24 +78,11 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   if (system.length > 0) out.system = system;
   out.messages = turns;
   out.max_tokens = facts.maxOutputTokens;
-  if (body.temperature !== undefined && body.temperature !== null) {
-    if (typeof body.temperature === 'number' && body.temperature > 1) refuse('temperature', '"temperature" must be from 0 to 1 for this model\'s provider.');
-    out.temperature = body.temperature;
-  }
-  if (body.top_p !== undefined && body.top_p !== null) out.top_p = body.top_p;
-  if (body.stream === true) out.stream = true;
-  const user = typeof body.user === 'string' ? body.user : typeof body.safety_identifier === 'string' ? body.safety_identifier : null;
-  if (user !== null) out.metadata = { user_id: user };
+  sampling(body, out);
   tools(body, out, names, drop);
   const reasoning = isObj(body.reasoning) ? body.reasoning : {};
-  const effort = reasoning.effort;
-  if (reasoning.summary !== undefined && reasoning.summary !== null && (effort === undefined || effort === null)) drop('reasoning.summary');
-  if (typeof effort === 'string' && EFFORT_BUDGET[effort] !== undefined) {
-    const maxTokens = out.max_tokens as number;
-    if (maxTokens <= 1024) refuse('reasoning.effort', '"reasoning.effort" needs an output limit above 1024 tokens on this model\'s provider.');
-    if (out.temperature !== undefined && out.temperature !== 1) refuse('temperature', '"temperature" must be 1 (or absent) with reasoning on this model\'s provider.');
-    out.thinking = { type: 'enabled', budget_tokens: Math.min(EFFORT_BUDGET[effort]!, maxTokens - 1) };
-  }
+  if (reasoning.summary !== undefined && reasoning.summary !== null && (reasoning.effort === undefined || reasoning.effort === null)) drop('reasoning.summary');
+  thinking(reasoning.effort, 'reasoning.effort', out);
   return { body: out, dropped, names };
 }
 
@@ -160,18 +139,7 @@ function tools(body: Record<string, unknown>, out: Record<string, unknown>, name
     }
   });
   if (list.length > 0) out.tools = list;
-  const choice = body.tool_choice;
-  let mapped: Record<string, unknown> | null = null;
-  if (choice === 'auto') mapped = { type: 'auto' };
-  else if (choice === 'none') mapped = { type: 'none' };
-  else if (choice === 'required') mapped = { type: 'any' };
-  else if (isObj(choice) && choice.type === 'function' && typeof choice.name === 'string') mapped = { type: 'tool', name: toolName(choice.name, names) };
-  else if (choice !== undefined && choice !== null) refuse('tool_choice', '"tool_choice" must be auto, none, required or a named function.');
-  if (body.parallel_tool_calls === false && out.tools !== undefined) {
-    mapped ??= { type: 'auto' };
-    if (mapped.type !== 'none') mapped.disable_parallel_tool_use = true;
-  }
-  if (mapped !== null && out.tools !== undefined) out.tool_choice = mapped;
+  toolChoice(body, out, names);
 }
 
 function encodeThinking(thinking: string, signature: string): string {

@@ -1,0 +1,68 @@
+import { isObj } from '../protocols/common.js';
+import { refuse, toolName } from './common.js';
+
+/** What the OpenAI-style requests (Chat, Responses) share on their way to Anthropic's Messages. */
+
+export type Block = Record<string, unknown>;
+export type Turn = { role: 'user' | 'assistant'; content: Block[] };
+
+/** Messages turns, consecutive blocks of one role merged into one turn (a tool_result joins the user turn after its tool_use). */
+export function turnList(): { turns: Turn[]; push(role: Turn['role'], blocks: Block[]): void } {
+  const turns: Turn[] = [];
+  return {
+    turns,
+    push(role, blocks) {
+      if (blocks.length === 0) return;
+      const last = turns.at(-1);
+      if (last !== undefined && last.role === role) last.content.push(...blocks);
+      else turns.push({ role, content: blocks });
+    },
+  };
+}
+
+/** `temperature` (Anthropic's range is 0 to 1), `top_p`, `stream`, and the end user as `metadata.user_id`. */
+export function sampling(body: Record<string, unknown>, out: Record<string, unknown>): void {
+  if (body.temperature !== undefined && body.temperature !== null) {
+    if (typeof body.temperature === 'number' && body.temperature > 1) refuse('temperature', '"temperature" must be from 0 to 1 for this model\'s provider.');
+    out.temperature = body.temperature;
+  }
+  if (body.top_p !== undefined && body.top_p !== null) out.top_p = body.top_p;
+  if (body.stream === true) out.stream = true;
+  const user = typeof body.user === 'string' ? body.user : typeof body.safety_identifier === 'string' ? body.safety_identifier : null;
+  if (user !== null) out.metadata = { user_id: user };
+}
+
+/**
+ * `tool_choice` and `parallel_tool_calls: false` as Anthropic's `tool_choice`, set only with tools
+ * (Anthropic takes none without). A named function is `{function: {name}}` in Chat, `{name}` in Responses.
+ */
+export function toolChoice(body: Record<string, unknown>, out: Record<string, unknown>, names: Map<string, string>): void {
+  const choice = body.tool_choice;
+  let mapped: Record<string, unknown> | null = null;
+  const named = isObj(choice) && choice.type === 'function' ? (isObj(choice.function) ? choice.function.name : choice.name) : undefined;
+  if (choice === 'auto') mapped = { type: 'auto' };
+  else if (choice === 'none') mapped = { type: 'none' };
+  else if (choice === 'required') mapped = { type: 'any' };
+  else if (typeof named === 'string') mapped = { type: 'tool', name: toolName(named, names) };
+  else if (choice !== undefined && choice !== null) refuse('tool_choice', '"tool_choice" must be auto, none, required or a named function.');
+  if (out.tools === undefined) return;
+  if (body.parallel_tool_calls === false) {
+    mapped ??= { type: 'auto' };
+    if (mapped.type !== 'none') mapped.disable_parallel_tool_use = true;
+  }
+  if (mapped !== null) out.tool_choice = mapped;
+}
+
+/** Extended-thinking budgets for OpenAI's reasoning efforts (below `max_tokens`, at least Anthropic's 1,024). */
+const EFFORT_BUDGET: Record<string, number> = { low: 1024, medium: 4096, high: 16384, xhigh: 32768 };
+
+/** A reasoning effort as extended thinking; 'none' and 'minimal' (and no effort) leave it off. */
+export function thinking(effort: unknown, param: string, out: Record<string, unknown>): void {
+  if (effort === undefined || effort === null || effort === 'none' || effort === 'minimal') return;
+  const budget = typeof effort === 'string' ? EFFORT_BUDGET[effort] : undefined;
+  if (budget === undefined) refuse(param, `"${param}" ${JSON.stringify(effort)} is not one of none, minimal, low, medium, high, xhigh.`);
+  const maxTokens = out.max_tokens as number;
+  if (maxTokens <= 1024) refuse(param, `"${param}" needs an output limit above 1024 tokens on this model's provider.`);
+  if (out.temperature !== undefined && out.temperature !== 1) refuse('temperature', `"temperature" must be 1 (or absent) with "${param}" on this model's provider.`);
+  out.thinking = { type: 'enabled', budget_tokens: Math.min(budget, maxTokens - 1) };
+}
