@@ -27,13 +27,26 @@ export interface KeyEntry {
   readonly modelsBody: Buffer;
 }
 
+/** One place a model is served (CONTRACT section 10). */
+export interface Deployment {
+  /** The model as this deployment serves it: its provider and upstream model name. */
+  readonly model: ModelEntry;
+  readonly weight: number;
+  readonly fallback: boolean;
+  /** What its cooldown is kept under: the model's and the provider's ids. */
+  readonly key: string;
+}
+
 export interface ModelEntry {
   /** The id the client used (a `-thinking` variant keeps its suffix here). */
   readonly id: string;
   /** The configured model this id resolves to (access and price come from it). */
   readonly baseId: string;
+  /** The provider of the call: the first deployment's, or the one a routed call is on. */
   readonly provider: ProviderConfig;
   readonly upstreamModel: string;
+  /** Where the model is served, in config order: one entry unless it names `deployments`. */
+  readonly deployments: readonly Deployment[];
   readonly price: Price;
   readonly billable: boolean;
   readonly maxOutputTokens: number;
@@ -63,12 +76,12 @@ export class Directory {
     for (const [id, m] of config.models) {
       const provider = config.providers.get(m.provider)!;
       const entry: ModelEntry = {
-        id, baseId: id, provider, upstreamModel: m.upstreamModel, price: m.price, billable: !isFree(m.price),
+        id, baseId: id, provider, upstreamModel: m.upstreamModel, deployments: [], price: m.price, billable: !isFree(m.price),
         maxOutputTokens: m.maxOutputTokens, outputTokenLimit: m.outputTokenLimit, thinking: false,
         objectBody: Buffer.from(JSON.stringify(modelObject(id, createdS, m, provider.id))),
       };
-      this.models.set(id, entry);
-      if (!id.endsWith(THINKING)) this.variants.set(id + THINKING, { ...entry, id: id + THINKING, thinking: true });
+      this.models.set(id, withDeployments(entry, m, config));
+      if (!id.endsWith(THINKING)) this.variants.set(id + THINKING, withDeployments({ ...entry, id: id + THINKING, thinking: true }, m, config));
     }
     for (const [id, a] of config.accounts) {
       const plan = config.plans.get(a.plan)!;
@@ -128,6 +141,20 @@ export class Directory {
     if (key.models !== null && !key.models.has(id)) return undefined;
     return entry;
   }
+}
+
+/**
+ * `entry` with its deployments, each a copy of it on its own provider (a model of one provider
+ * is its own single deployment).
+ */
+function withDeployments(entry: ModelEntry, m: ModelConfig, config: GatewayConfig): ModelEntry {
+  const deployments: Deployment[] = [];
+  const self: ModelEntry = { ...entry, deployments };
+  for (const d of m.deployments) {
+    const model = d === m.deployments[0] ? self : { ...self, provider: config.providers.get(d.provider)!, upstreamModel: d.upstreamModel };
+    deployments.push({ model, weight: d.weight, fallback: d.fallback, key: `${m.id}/${d.provider}` });
+  }
+  return self;
 }
 
 /**

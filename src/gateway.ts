@@ -17,6 +17,7 @@ import { createProviders } from './providers/index.js';
 import type { Provider } from './providers/types.js';
 import { Watchlist } from './providers/watchlist.js';
 import { Router } from './router.js';
+import { MemoryCooldowns, type Cooldowns } from './routing/cooldowns.js';
 import { Credits } from './admin/credits.js';
 import { creditEntry } from './billing/entries.js';
 import { AdminStore, cloneAdminState, overlay, type AdminState } from './admin/state.js';
@@ -36,6 +37,8 @@ export interface GatewayOptions {
   /** Enables /admin/v1/ with this key (plaintext; only its hash is kept) and keeps changes in `adminStore`. */
   adminKey?: string;
   adminStore?: AdminStore;
+  /** Deployments cooling down; default: this process's own (with Redis: shared, routing/redis-cooldowns.ts). */
+  cooldowns?: Cooldowns;
 }
 
 /**
@@ -49,6 +52,8 @@ export class Gateway implements RouteHost {
   readonly ledger: Ledger;
   readonly router = new Router<RouteHost>();
   readonly metrics: Metrics;
+  /** Kept across reloads, like the limiter's counters (keyed by model and provider id). */
+  readonly cooldowns: Cooldowns;
   directory: Directory;
   providers: Map<string, Provider>;
   /** The config as loaded from its file (or given); admin changes are laid over it. */
@@ -70,6 +75,7 @@ export class Gateway implements RouteHost {
     this.logger = options.logger ?? new Logger();
     this.limiter = options.limiter ?? new MemoryLimiter(this.clock);
     this.ledger = options.ledger ?? new MemoryLedger();
+    this.cooldowns = options.cooldowns ?? new MemoryCooldowns(this.clock);
     this.createdS = Math.floor(this.clock.now() / 1000);
     this.fileConfig = config;
     this.admin = options.adminStore ?? new AdminStore(null);

@@ -99,6 +99,9 @@ export class Metrics {
   private readonly admissions = new LabeledCounter('mg_admissions_total', 'Limiter decisions: admitted, or the reason of a rejection.', ['result']);
   private readonly upstreamDuration = new LabeledHistogram('mg_upstream_duration_seconds', 'Time to the provider\'s response headers, by provider.', ['provider']);
   private readonly upstreamErrors = new LabeledCounter('mg_upstream_errors_total', 'Failed provider attempts, by provider and kind.', ['provider', 'kind']);
+  private readonly attempts = new LabeledCounter('mg_upstream_attempts_total', 'Calls handed to a provider (each deployment a routed call tries), by provider.', ['provider']);
+  private readonly failovers = new LabeledCounter('mg_failovers_total', 'Routed calls moved off a provider to another deployment, by the provider that failed.', ['provider']);
+  private readonly cooldowns = new LabeledCounter('mg_cooldowns_total', 'Deployments put in cooldown after a failure, by provider.', ['provider']);
   /** Per model: tokens in and out, and spend (the hot path adds to numbers; labels are built per scrape). */
   private readonly models = new Map<string, { input: number; output: number; spendUsd: number }>();
   private readonly startS = Date.now() / 1000;
@@ -127,6 +130,18 @@ export class Metrics {
     this.upstreamErrors.add(`${provider}\t${kind}`);
   }
 
+  attempt(provider: string): void {
+    this.attempts.add(provider);
+  }
+
+  failover(provider: string): void {
+    this.failovers.add(provider);
+  }
+
+  cooldown(provider: string): void {
+    this.cooldowns.add(provider);
+  }
+
   charge(model: string, inputTokens: number, outputTokens: number, costMicro: number): void {
     let m = this.models.get(model);
     if (m === undefined) {
@@ -152,6 +167,9 @@ export class Metrics {
     this.admissions.render(out);
     this.upstreamDuration.render(out);
     this.upstreamErrors.render(out);
+    this.attempts.render(out);
+    this.failovers.render(out);
+    this.cooldowns.render(out);
     const tokens = new LabeledCounter('mg_tokens_total', 'Tokens metered, by model and direction.', ['model', 'direction']);
     const spend = new LabeledCounter('mg_spend_usd_total', 'Money charged, by model (US dollars).', ['model']);
     for (const [model, m] of this.models) {

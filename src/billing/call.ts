@@ -1,6 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Clock } from '../clock.js';
+import type { RoutingConfig } from '../config/types.js';
 import type { ModelEntry } from '../directory.js';
 import { ERRORS, type ErrorCode, type ErrorDetails, type ErrorSpec } from '../errors.js';
 import type { RequestContext } from '../http/context.js';
@@ -25,6 +26,7 @@ export interface CallHost {
   readonly metrics: Metrics;
   readonly logger: Logger;
   readonly clock: Clock;
+  readonly config: { readonly routing: RoutingConfig };
   /** Calls waiting for a client that does not read (server.clientIdleTimeoutMs). */
   readonly clientIdle: Watchlist;
   /** Calls admitted and not yet over (the drain waits for 0). */
@@ -50,6 +52,7 @@ export class BilledCall implements Exchange {
   readonly body: Record<string, unknown>;
   readonly stream: boolean;
   readonly requestId: string;
+  readonly maxAttempts: number;
   aborted = false;
   private settled = false;
   private outputChars = 0;
@@ -72,7 +75,8 @@ export class BilledCall implements Exchange {
     readonly endpoint: Endpoint,
     call: CallRequest,
     readonly text: string,
-    readonly model: ModelEntry,
+    /** The model as the deployment serving the call has it (a routed call switches it per attempt: `serve`). */
+    public model: ModelEntry,
     readonly inputTokens: number,
     readonly maxOutputTokens: number,
     private readonly ticket: Ticket,
@@ -80,6 +84,7 @@ export class BilledCall implements Exchange {
     this.body = call.body;
     this.stream = call.stream;
     this.requestId = ctx.id;
+    this.maxAttempts = gw.config.routing.maxAttempts;
     gw.inFlight++;
     // With a remote limiter the client may have gone while admission was awaited: then
     // 'close' has already fired, so settle and release now rather than wait for it.
@@ -91,8 +96,14 @@ export class BilledCall implements Exchange {
     this.stops.push(stop);
   }
 
+  /** The call is now on this deployment (a routed call's attempt). */
+  serve(model: ModelEntry): void {
+    this.model = model;
+  }
+
   head(status: number, contentType: string, extra: string[] = []): void {
     const headers = baseHeaders(this.ctx, contentType);
+    headers.push('x-gateway-deployment', this.model.provider.id);
     for (const value of extra) headers.push(value);
     this.ctx.status = status;
     this.res.writeHead(status, headers);
@@ -136,7 +147,7 @@ export class BilledCall implements Exchange {
     this.gw.metrics.upstream(this.model.provider.id, seconds);
   }
 
-  upstreamFailed(kind: string): void {
+  upstreamFailed(kind: string, _retryAfterMs?: number | null): void {
     this.gw.metrics.upstreamError(this.model.provider.id, kind);
   }
 
@@ -226,7 +237,7 @@ export class BilledCall implements Exchange {
     gw.metrics.charge(this.model.id, usage.inputTokens + usage.cacheReadTokens + usage.cacheWriteTokens, usage.outputTokens, cost);
     // Every call is recorded: billable ones as charges (billing history), free ones as usage only.
     const write = (balanceAfterMicro: number | null) => gw.record(callEntry({
-      accountId: this.ticket.accountId, keyId: this.ctx.key!.id, requestId: this.ctx.id, model: this.model.id, billable: this.model.billable,
+      accountId: this.ticket.accountId, keyId: this.ctx.key!.id, requestId: this.ctx.id, model: this.model.id, deployment: this.model.provider.id, billable: this.model.billable,
       costMicro: cost, balanceAfterMicro, usage, estimated, at: gw.clock.now(),
     }));
     if (!(settlement instanceof Promise)) return write(settlement.balanceAfterMicro);

@@ -57,10 +57,23 @@ export interface KeyConfig {
   disabled: boolean;
 }
 
-export interface ModelConfig {
-  id: string;
+/** One place a model is served: a provider, under its own model name. */
+export interface DeploymentConfig {
   provider: string;
   upstreamModel: string;
+  /** Relative share of the calls among the non-fallback deployments. */
+  weight: number;
+  /** Tried only when every non-fallback deployment failed or is cooling down, in order. */
+  fallback: boolean;
+}
+
+export interface ModelConfig {
+  id: string;
+  /** The first deployment's provider and model name (the one `provider` names, or `deployments[0]`). */
+  provider: string;
+  upstreamModel: string;
+  /** Where the model is served: one entry for a model with `provider`, or its `deployments`. */
+  deployments: DeploymentConfig[];
   price: Price;
   /** The output reserved when a request sets no output limit. */
   maxOutputTokens: number;
@@ -93,11 +106,20 @@ export interface ProviderConfig {
   tokensPerSecond: number;
 }
 
+/** Failover among a model's deployments (CONTRACT section 10). */
+export interface RoutingConfig {
+  /** Attempts of one call in all: deployments tried, or retries of a model's only provider. */
+  maxAttempts: number;
+  /** How long a deployment that failed is skipped, at least (a longer Retry-After wins). */
+  cooldownMs: number;
+}
+
 /** A validated, normalised configuration. Money is integer micro-dollars throughout. */
 export interface GatewayConfig {
   server: ServerConfig;
   limiter: LimiterConfig;
   ledger: LedgerConfig;
+  routing: RoutingConfig;
   plans: Map<string, PlanConfig>;
   accounts: Map<string, AccountConfig>;
   keys: Map<string, KeyConfig>;

@@ -3,8 +3,8 @@ import { isAbsolute, resolve } from 'node:path';
 import { FREE, MAX_PRICE_MICRO, type Price } from '../money.js';
 import { amountField, boolField, capField, ENTITY_ID, ENTITY_ID_RULE, limitField, modelsField, NAME_ID, NAME_ID_RULE } from './fields.js';
 import type {
-  AccountConfig, AuthHeader, GatewayConfig, KeyConfig, LedgerConfig, Limit, LimiterConfig, ModelConfig, PlanConfig,
-  Protocol, ProviderConfig, ServerConfig,
+  AccountConfig, AuthHeader, DeploymentConfig, GatewayConfig, KeyConfig, LedgerConfig, Limit, LimiterConfig, ModelConfig,
+  PlanConfig, Protocol, ProviderConfig, RoutingConfig, ServerConfig,
 } from './types.js';
 
 export interface ValidateOptions {
@@ -145,12 +145,13 @@ class Checker {
 /** Validates a parsed config file (or the demo object) against CONTRACT section 2. */
 export function validateConfig(raw: unknown, options: ValidateOptions): ValidateResult {
   const c = new Checker();
-  const root = c.object('', raw, ['server', 'limiter', 'ledger', 'plans', 'accounts', 'keys', 'models', 'providers']);
+  const root = c.object('', raw, ['server', 'limiter', 'ledger', 'routing', 'plans', 'accounts', 'keys', 'models', 'providers']);
   if (root === null) return { ok: false, errors: c.errors };
 
   const server = checkServer(c, root.server);
   const limiter = checkLimiter(c, root.limiter);
   const ledger = checkLedger(c, root.ledger, options.baseDir);
+  const routing = checkRouting(c, root.routing);
   const providers = checkProviders(c, c.record('providers', root.providers, NAMES), options.env);
   const models = checkModels(c, c.record('models', root.models, NAMES), providers);
   const plans = checkPlans(c, c.record('plans', root.plans));
@@ -158,7 +159,7 @@ export function validateConfig(raw: unknown, options: ValidateOptions): Validate
   const keys = checkKeys(c, c.record('keys', root.keys), accounts, models);
 
   if (c.errors.length > 0) return { ok: false, errors: c.errors };
-  return { ok: true, config: { server, limiter, ledger, plans, accounts, keys, models, providers }, warnings: c.warnings };
+  return { ok: true, config: { server, limiter, ledger, routing, plans, accounts, keys, models, providers }, warnings: c.warnings };
 }
 
 function checkServer(c: Checker, value: unknown): ServerConfig {
@@ -227,6 +228,19 @@ function checkLedger(c: Checker, value: unknown, baseDir: string): LedgerConfig 
   }
   return fileAt(c.string('ledger.dir', o.dir, 'data'));
 }
+
+function checkRouting(c: Checker, value: unknown): RoutingConfig {
+  const o = value === undefined ? {} : c.object('routing', value, ['maxAttempts', 'cooldownMs']);
+  return {
+    maxAttempts: c.int('routing.maxAttempts', o?.maxAttempts, 1, MAX_DEPLOYMENTS, 3),
+    cooldownMs: c.int('routing.cooldownMs', o?.cooldownMs, 0, 86_400_000, 5000),
+  };
+}
+
+/** The most deployments a model may have (a call's tried set is a bit mask). */
+export const MAX_DEPLOYMENTS = 16;
+/** The largest deployment weight. */
+const MAX_WEIGHT = 1_000_000;
 
 const PROVIDER_KEYS: Record<Protocol, readonly string[]> = {
   openai: ['protocol', 'baseUrl', 'apiKeyEnv', 'authHeader', 'headers', 'timeoutMs', 'streamIdleTimeoutMs'],
@@ -334,12 +348,20 @@ function checkModels(c: Checker, record: Obj, providers: Map<string, ProviderCon
   const out = new Map<string, ModelConfig>();
   for (const [id, value] of Object.entries(record)) {
     const path = joinPath('models', id);
-    const o = c.object(path, value, ['provider', 'upstreamModel', 'price', 'maxOutputTokens', 'outputTokenLimit', 'displayName']);
+    const o = c.object(path, value, ['provider', 'deployments', 'upstreamModel', 'price', 'maxOutputTokens', 'outputTokenLimit', 'displayName']);
     if (o === null) continue;
-    const provider = c.string(`${path}.provider`, o.provider, '');
-    if (o.provider === undefined) c.fail(`${path}.provider`, 'is required');
-    else if (provider !== '' && !providers.has(provider)) c.fail(`${path}.provider`, `unknown provider ${JSON.stringify(provider)}`);
-    else if (o.price === undefined && providers.get(provider)?.protocol !== 'mock') {
+    const upstreamModel = c.string(`${path}.upstreamModel`, o.upstreamModel, id);
+    let deployments: DeploymentConfig[];
+    if (o.deployments !== undefined) {
+      if (o.provider !== undefined) c.fail(`${path}.provider`, 'cannot be given with "deployments" (name the provider in each deployment)');
+      deployments = checkDeployments(c, `${path}.deployments`, o.deployments, providers, upstreamModel);
+    } else {
+      const provider = c.string(`${path}.provider`, o.provider, '');
+      if (o.provider === undefined) c.fail(`${path}.provider`, 'is required (or "deployments")');
+      else if (provider !== '' && !providers.has(provider)) c.fail(`${path}.provider`, `unknown provider ${JSON.stringify(provider)}`);
+      deployments = [{ provider, upstreamModel, weight: 1, fallback: false }];
+    }
+    if (o.price === undefined && deployments.some((d) => providers.has(d.provider) && providers.get(d.provider)!.protocol !== 'mock')) {
       // A real provider bills the gateway: a forgotten price must not silently make it free.
       c.fail(`${path}.price`, 'is required for a model of a real provider (write "free" if it really costs nothing)');
     }
@@ -348,14 +370,49 @@ function checkModels(c: Checker, record: Obj, providers: Map<string, ProviderCon
     if (maxOutputTokens > outputTokenLimit) {
       c.fail(`${path}.maxOutputTokens`, `must not be above outputTokenLimit (${outputTokenLimit})`);
     }
+    const first = deployments[0] ?? { provider: '', upstreamModel };
     out.set(id, {
-      id, provider,
-      upstreamModel: c.string(`${path}.upstreamModel`, o.upstreamModel, id),
+      id, provider: first.provider, upstreamModel: first.upstreamModel, deployments,
       price: checkPrice(c, `${path}.price`, o.price),
       maxOutputTokens, outputTokenLimit,
       displayName: c.string(`${path}.displayName`, o.displayName, id),
     });
   }
+  return out;
+}
+
+/** A model's `deployments`: 1 to 16, each a known provider at most once, at least one not a fallback. */
+function checkDeployments(
+  c: Checker, path: string, value: unknown, providers: Map<string, ProviderConfig>, upstreamModel: string,
+): DeploymentConfig[] {
+  if (!Array.isArray(value) || value.length === 0 || value.length > MAX_DEPLOYMENTS) {
+    c.fail(path, `must be an array of 1 to ${MAX_DEPLOYMENTS} deployments`);
+    return [];
+  }
+  const out: DeploymentConfig[] = [];
+  const seen = new Set<string>();
+  value.forEach((item: unknown, i: number) => {
+    const at = joinPath(path, i);
+    const o = c.object(at, item, ['provider', 'upstreamModel', 'weight', 'fallback']);
+    if (o === null) return;
+    const provider = c.string(`${at}.provider`, o.provider, '');
+    if (o.provider === undefined) c.fail(`${at}.provider`, 'is required');
+    else if (provider !== '' && !providers.has(provider)) c.fail(`${at}.provider`, `unknown provider ${JSON.stringify(provider)}`);
+    // A deployment is the model on a provider: its cooldown and its ledger name are the provider's id.
+    else if (seen.has(provider)) c.fail(`${at}.provider`, `names ${JSON.stringify(provider)} a second time in this model`);
+    seen.add(provider);
+    let weight = 1;
+    if (o.weight !== undefined) {
+      if (typeof o.weight !== 'number' || !Number.isFinite(o.weight) || o.weight <= 0 || o.weight > MAX_WEIGHT) {
+        c.fail(`${at}.weight`, `must be a number above 0 and at most ${MAX_WEIGHT}`);
+      } else weight = o.weight;
+    }
+    out.push({
+      provider, upstreamModel: c.string(`${at}.upstreamModel`, o.upstreamModel, upstreamModel), weight,
+      fallback: c.bool(`${at}.fallback`, o.fallback, false),
+    });
+  });
+  if (out.length > 0 && out.every((d) => d.fallback)) c.fail(path, 'needs at least one deployment that is not a fallback');
   return out;
 }
 

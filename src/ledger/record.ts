@@ -19,6 +19,7 @@ export function encodeRecord(e: LedgerEntry, prev?: Position | null): string {
     r: e.requestId, o: e.model, in: e.inputTokens, out: e.outputTokens, e: e.estimated ? 1 : 0, n: e.note,
   };
   if (e.idempotencyKey !== null) record.x = e.idempotencyKey; // credits only: charges stay as short as before
+  if (e.deployment !== null) record.d = e.deployment;
   if (prev !== undefined) record.p = prev;
   const json = JSON.stringify(record);
   return `${crc32(json).toString(16).padStart(8, '0')} ${json}\n`;
@@ -26,7 +27,7 @@ export function encodeRecord(e: LedgerEntry, prev?: Position | null): string {
 
 interface Short {
   i: string; t: LedgerEntry['type']; a: string; k: string | null; m: number; b: number | null; c: number;
-  r: string | null; o: string | null; in: number; out: number; e: number; n: string | null; x?: string;
+  r: string | null; o: string | null; in: number; out: number; e: number; n: string | null; x?: string; d?: string;
   p?: Position | null;
 }
 
@@ -55,7 +56,7 @@ export function decodeRecord(line: string): Decoded | null {
     entry: {
       id: s.i, type: s.t, accountId: s.a, keyId: s.k, amountMicro: s.m, balanceAfterMicro: s.b, createdAt: s.c,
       requestId: s.r, model: s.o, inputTokens: s.in, outputTokens: s.out, estimated: s.e === 1, note: s.n,
-      idempotencyKey: s.x ?? null,
+      idempotencyKey: s.x ?? null, deployment: s.d ?? null,
     },
     prev: s.p,
   };

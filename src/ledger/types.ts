@@ -21,6 +21,8 @@ export interface LedgerEntry {
   readonly note: string | null;
   /** A credit's `Idempotency-Key` (admin credits), so a repeat finds it; null otherwise. */
   readonly idempotencyKey: string | null;
+  /** A call's deployment: the provider id that served it (CONTRACT section 10); null for credits. */
+  readonly deployment: string | null;
 }
 
 /** An account's money state as the ledger knows it (rebuilt on restart). */

@@ -6,7 +6,7 @@ import { upstreamStatusSpec } from '../errors.js';
 import { ConnectionPool } from './pool.js';
 import { WIRES } from '../protocols/index.js';
 import { credential, type ProviderKind } from './kinds.js';
-import { backoffMs, MAX_ATTEMPTS, RETRY_STATUSES, retryAfterMs } from './retry.js';
+import { backoffMs, RETRY_STATUSES, retryAfterMs } from './retry.js';
 import { EventTooLarge, SseSplitter } from './sse.js';
 import { usageField } from './usage-field.js';
 import { Watch, Watchlist } from './watchlist.js';
@@ -310,7 +310,7 @@ export class HttpProvider implements Provider {
       ex.noteDelivered(false); // a refused call is not billed
       ex.upstreamFailed('connection');
       const wait = backoffMs(n, null);
-      if (n < MAX_ATTEMPTS && wait < deadlineAt - performance.now()) return retry(wait, false);
+      if (n < ex.maxAttempts && wait < deadlineAt - performance.now()) return retry(wait, false);
       call.end();
       return ex.fail('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
     }
@@ -321,14 +321,14 @@ export class HttpProvider implements Provider {
       return this.relay(ex, res, call);
     }
     ex.noteDelivered(false); // an error status: the provider refused the call
-    ex.upstreamFailed(status === 429 || status === 503 || status === 529 ? String(status) : status < 500 ? '4xx' : '5xx');
-
     const providerWait = retryAfterMs(res.headers, Date.now());
+    ex.upstreamFailed(status === 408 || status === 429 || status === 503 || status === 529 ? String(status) : status < 500 ? '4xx' : '5xx', providerWait);
+
     // A 429 is about one key: with another key the next attempt need not wait for this one's Retry-After.
     const otherKey = status === 429 && this.credentials.length > 1;
     if (RETRY_STATUSES.has(status)) {
       const wait = backoffMs(n, otherKey ? null : providerWait);
-      if (n < MAX_ATTEMPTS && wait < deadlineAt - performance.now() && (status !== 429 || otherKey || providerWait === null || providerWait <= 5000)) {
+      if (n < ex.maxAttempts && wait < deadlineAt - performance.now() && (status !== 429 || otherKey || providerWait === null || providerWait <= 5000)) {
         res.resume(); // discard, keep the connection for reuse
         return retry(wait, otherKey);
       }

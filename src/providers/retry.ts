@@ -2,7 +2,6 @@
 
 /** Statuses retried before the first byte (plus connection errors). 429 is retried only on a short Retry-After. */
 export const RETRY_STATUSES = new Set([429, 502, 503, 504, 529]);
-export const MAX_ATTEMPTS = 3;
 const BASE_DELAY_MS = 200;
 const MAX_DELAY_MS = 4000;
 

@@ -26,6 +26,11 @@ export interface Exchange {
   readonly inputTokens: number;
   /** The output budget of one answer in tokens: the request's limit or the model's default. */
   readonly maxOutputTokens: number;
+  /**
+   * Attempts the provider may make itself (retries before the first byte): routing.maxAttempts
+   * for a model of one provider; 1 on a routed call, where the next attempt is another deployment's.
+   */
+  readonly maxAttempts: number;
   /** True once the client has gone away. */
   readonly aborted: boolean;
   /** Registers what to stop when the client goes away (timers, the upstream request). */
@@ -59,8 +64,11 @@ export interface Exchange {
   noteDelivered(delivered: boolean): void;
   /** Reports the time to the provider's response headers of one attempt (metrics). */
   observeUpstream(seconds: number): void;
-  /** Reports a failed attempt: 'connection', 'timeout', '429', '4xx', '5xx', 'garbage', 'cut' (metrics). */
-  upstreamFailed(kind: string): void;
+  /**
+   * Reports a failed attempt (metrics; routing fails over on some): 'connection', 'timeout',
+   * '408', '429', '503', '529', '4xx', '5xx', 'garbage', 'cut'; with the provider's Retry-After.
+   */
+  upstreamFailed(kind: string, retryAfterMs?: number | null): void;
   /** A request header of the client (lowercase name). */
   header(name: string): string | undefined;
   /**

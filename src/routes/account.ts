@@ -112,6 +112,7 @@ export function historyItem(e: LedgerEntry) {
     balance_after: e.balanceAfterMicro === null ? null : microToUsd(e.balanceAfterMicro),
     created_at: new Date(e.createdAt).toISOString(), request_id: e.requestId, model: e.model, estimated: e.estimated,
   };
+  if (e.deployment !== null) item.deployment = e.deployment;
   if (e.note !== null) item.note = e.note;
   return item;
 }

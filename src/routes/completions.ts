@@ -7,6 +7,9 @@ import { costMicro, MAX_TOKENS } from '../money.js';
 import { estimateInputTokens, MAX_DEPTH } from '../billing/estimate.js';
 import { WIRES } from '../protocols/index.js';
 import type { CallRequest, Endpoint, WireProtocol } from '../protocols/types.js';
+import type { Deployment, ModelEntry } from '../directory.js';
+import type { Exchange } from '../providers/types.js';
+import { RoutedCall } from '../routing/routed-call.js';
 import type { Protocol } from '../config/types.js';
 import { KINDS, supports } from '../providers/kinds.js';
 import type { Router } from '../router.js';
@@ -78,18 +81,6 @@ function afterBody(
       message: `The model "${call.model}" does not exist or this key may not use it.`,
     });
   }
-  const protocol = model.provider.protocol;
-  // A model on an endpoint its provider does not speak is translated (src/translate/).
-  let translator: Translator | null = null;
-  if (protocol !== 'mock' && !supports(protocol, endpoint)) {
-    translator = translatorFor(endpoint, protocol);
-    if (translator === null) {
-      return sendError(ctx, res, 'invalid_request', gw.done, {
-        message: `The model "${call.model}" is served over the ${protocol} protocol, which has no ${wire.path}; use ${servedPaths(protocol)}.`,
-        fields: { param: 'model' },
-      });
-    }
-  }
   const outputProblem = checkOutputLimits(call, model.outputTokenLimit);
   if (outputProblem !== null) {
     return sendError(ctx, res, 'invalid_request', gw.done, { message: outputProblem.message, fields: { param: outputProblem.param } });
@@ -100,39 +91,95 @@ function afterBody(
       message: `The request body nests deeper than ${MAX_DEPTH} levels.`, fields: { param: null },
     });
   }
-  let translated: TranslatedRequest | null = null;
-  if (translator !== null) {
-    try {
-      translated = translator.request(call.body, {
-        model: model.id, maxOutputTokens: call.maxTokens ?? model.maxOutputTokens, inputTokens, requestId: ctx.id, clientBody: call.body,
-      });
-    } catch (err) {
-      if (!(err instanceof Untranslatable)) throw err;
-      return sendError(ctx, res, 'invalid_request', gw.done, { message: err.message, fields: { param: err.param } });
+  // How the call reaches each deployment: as it is, or translated (src/translate/). A deployment
+  // whose protocol cannot express it is left out; when none can, the first one's reason is the answer.
+  const deployments = model.deployments;
+  const plans: Array<Plan | null> = [];
+  let excluded = 0;
+  let refusal: Refusal | null = null;
+  let maxOutput = 0;
+  for (let i = 0; i < deployments.length; i++) {
+    const served = deployments[i]!.model;
+    const protocol = served.provider.protocol;
+    let plan = plans.find((p, j) => p !== null && deployments[j]!.model.provider.protocol === protocol);
+    if (plan === undefined) {
+      const made = planFor(protocol, wire, call, served, inputTokens, ctx.id);
+      if ('refusal' in made) {
+        refusal ??= made.refusal;
+        excluded |= 1 << i;
+        plans.push(null);
+        continue;
+      }
+      plan = made;
     }
-    if (translated.dropped.length > 0) ctx.dropped = translated.dropped.join(',');
+    plans.push(plan!);
+    // Reserve for what the provider may really produce (a `-thinking` model's raised limit).
+    maxOutput = Math.max(maxOutput, (plan!.translator === null ? wire : WIRES[plan!.translator.provider]).outputBudget(call, served));
+  }
+  if (plans.every((p) => p === null)) {
+    return sendError(ctx, res, 'invalid_request', gw.done, { message: refusal!.message, fields: { param: refusal!.param } });
   }
   // A call whose charge could not be recorded must not reach the provider (which would bill it).
   if (!gw.ledger.ready()) return sendError(ctx, res, 'ledger_unavailable', gw.done, { retryAfterS: 1 });
-  // Reserve for what the provider may really produce (a `-thinking` model's raised limit);
-  // every answer of `n` may use the whole output budget.
-  const maxOutput = (translator === null ? wire : WIRES[translator.provider]).outputBudget(call, model);
+  // Every answer of `n` may use the whole output budget.
   const reservedOutput = Math.min(MAX_TOKENS, maxOutput * call.choices);
   const estimate = model.billable
     ? costMicro(model.price, { inputTokens, outputTokens: reservedOutput, cacheReadTokens: 0, cacheWriteTokens: 0 })
     : null;
+  // In-flight calls keep the providers they started with across a reload.
+  const providers = gw.providers;
   gw.admit(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, estimate), (decision) => {
     const billed = new BilledCall(gw, ctx, req, res, endpoint, call, text, model, inputTokens, maxOutput, decision);
-    const provider = gw.providers.get(model.provider.id)!;
-    try {
-      provider.handle(translated === null ? billed : new TranslatedCall(billed, translator!, translated, {
-        model: model.id, maxOutputTokens: maxOutput, inputTokens, requestId: ctx.id, clientBody: call.body, names: translated.names,
-        created: Math.floor(gw.clock.now() / 1000),
-      }));
-    } catch (err) {
-      billed.crash(err);
-    }
+    const launch = (deployment: Deployment, index: number, ex: Exchange) => {
+      const plan = plans[index]!;
+      try {
+        if (plan.translated === null) return providers.get(deployment.model.provider.id)!.handle(ex);
+        ctx.dropped = plan.dropped;
+        providers.get(deployment.model.provider.id)!.handle(new TranslatedCall(ex, plan.translator!, plan.translated, {
+          model: model.id, maxOutputTokens: maxOutput, inputTokens, requestId: ctx.id, clientBody: call.body, names: plan.translated.names,
+          created: Math.floor(gw.clock.now() / 1000),
+        }));
+      } catch (err) {
+        billed.crash(err);
+      }
+    };
+    if (deployments.length === 1) return launch(deployments[0]!, 0, billed);
+    new RoutedCall(billed, deployments, excluded, gw.config.routing, gw, launch).start();
   });
+}
+
+/** How a call reaches providers of one protocol. */
+interface Plan {
+  /** null: the provider speaks the client's endpoint, and gets the request as it is. */
+  translator: Translator | null;
+  translated: TranslatedRequest | null;
+  /** The optional fields the translation left out (access log), or null. */
+  dropped: string | null;
+}
+
+interface Refusal {
+  message: string;
+  param: string | null;
+}
+
+/** The call as a provider of `protocol` takes it, or why it cannot (answered 400 before admission). */
+function planFor(
+  protocol: Protocol, wire: WireProtocol, call: CallRequest, model: ModelEntry, inputTokens: number, requestId: string,
+): Plan | { refusal: Refusal } {
+  if (protocol === 'mock' || supports(protocol, wire.endpoint)) return { translator: null, translated: null, dropped: null };
+  const translator = translatorFor(wire.endpoint, protocol);
+  if (translator === null) {
+    return { refusal: { message: `The model "${call.model}" is served over the ${protocol} protocol, which has no ${wire.path}; use ${servedPaths(protocol)}.`, param: 'model' } };
+  }
+  try {
+    const translated = translator.request(call.body, {
+      model: model.id, maxOutputTokens: call.maxTokens ?? model.maxOutputTokens, inputTokens, requestId, clientBody: call.body,
+    });
+    return { translator, translated, dropped: translated.dropped.length > 0 ? translated.dropped.join(',') : null };
+  } catch (err) {
+    if (!(err instanceof Untranslatable)) throw err;
+    return { refusal: { message: err.message, param: err.param } };
+  }
 }
 
 /** The client paths a provider protocol answers (for the error naming them). */

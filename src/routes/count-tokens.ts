@@ -1,5 +1,5 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { AccountEntry, KeyEntry } from '../directory.js';
+import type { AccountEntry, KeyEntry, ModelEntry } from '../directory.js';
 import { readBody } from '../http/body.js';
 import type { RequestContext } from '../http/context.js';
 import { baseHeaders, sendError, sendErrorSpec } from '../http/reply.js';
@@ -7,6 +7,7 @@ import type { AccountLimits, KeyLimits } from '../limiter/types.js';
 import { checkBasics, checkMessages } from '../protocols/common.js';
 import type { CountRequest } from '../providers/types.js';
 import type { Router } from '../router.js';
+import type { Cooldowns } from '../routing/cooldowns.js';
 import type { RouteHost } from './host.js';
 
 /**
@@ -79,10 +80,28 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
           failWith: (code, spec, message) => sendErrorSpec(ctx, res, code, spec, gw.done, { message }),
           onAbort: (stop) => { stops.push(stop); },
         };
-        gw.providers.get(model.provider.id)!.countTokens(request);
+        const counter = countingModel(model, gw.cooldowns);
+        gw.providers.get(counter.provider.id)!.countTokens(request);
       });
     } catch (err) {
       gw.fault(ctx, res, err);
     }
   });
+}
+
+/**
+ * The deployment that counts a routed model's tokens: the first in config order that can count
+ * (not an OpenAI-protocol one) and is not cooling down, else the first that can count. A count
+ * is one attempt, never failed over. A model none of whose deployments can count answers the error.
+ */
+function countingModel(model: ModelEntry, cooldowns: Cooldowns): ModelEntry {
+  const deployments = model.deployments;
+  if (deployments.length === 1) return model;
+  let counter: ModelEntry | null = null;
+  for (const d of deployments) {
+    if (d.model.provider.protocol === 'openai') continue;
+    if (cooldowns.until(d.key) === 0) return d.model;
+    counter ??= d.model;
+  }
+  return counter ?? model;
 }

@@ -8,13 +8,14 @@ import type { RequestContext } from '../http/context.js';
 import type { Ledger } from '../ledger/types.js';
 import type { Rejection } from '../limiter/types.js';
 import type { Provider } from '../providers/types.js';
+import type { RoutingHost } from '../routing/routed-call.js';
 
 /**
  * What the routes use of the gateway: its state (config, directory, stores, providers), the
  * admission step, and how to answer. Routes depend on this, not on the Gateway class (which
  * implements it), so a request never climbs back up into the gateway's wiring.
  */
-export interface RouteHost extends CallHost {
+export interface RouteHost extends CallHost, RoutingHost {
   readonly config: GatewayConfig;
   readonly directory: Directory;
   readonly ledger: Ledger;

@@ -33,6 +33,7 @@ export class TranslatedCall implements Exchange {
   get inputTokens(): number { return this.inner.inputTokens; }
   get maxOutputTokens(): number { return this.inner.maxOutputTokens; }
   get aborted(): boolean { return this.inner.aborted; }
+  get maxAttempts(): number { return this.inner.maxAttempts; }
 
   head(status: number, contentType: string, extra: string[] = []): void {
     // A whole answer is sent at `end`, once translated (its length changes).
@@ -98,7 +99,7 @@ export class TranslatedCall implements Exchange {
   noteUsage(usage: Usage): void { this.inner.noteUsage(usage); }
   noteDelivered(delivered: boolean): void { this.inner.noteDelivered(delivered); }
   observeUpstream(seconds: number): void { this.inner.observeUpstream(seconds); }
-  upstreamFailed(kind: string): void { this.inner.upstreamFailed(kind); }
+  upstreamFailed(kind: string, retryAfterMs?: number | null): void { this.inner.upstreamFailed(kind, retryAfterMs); }
   header(name: string): string | undefined { return this.inner.header(name); }
   settle(usage: Usage | null, then: () => void): void { this.inner.settle(usage, then); }
   fail(code: ErrorCode, details?: ErrorDetails): void { this.inner.fail(code, details); }

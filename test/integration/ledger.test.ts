@@ -59,8 +59,9 @@ describe('account endpoints', () => {
       assert.equal(page.body.object, 'list');
       assert.equal(page.body.has_more, true);
       const [newest] = page.body.data;
-      assert.deepEqual(Object.keys(newest!).sort(), ['amount', 'balance_after', 'created_at', 'estimated', 'id', 'model', 'request_id', 'type']);
+      assert.deepEqual(Object.keys(newest!).sort(), ['amount', 'balance_after', 'created_at', 'deployment', 'estimated', 'id', 'model', 'request_id', 'type']);
       assert.equal(newest!.type, 'charge');
+      assert.equal(newest!.deployment, 'mock', 'the provider that served the call');
       assert.equal(newest!.amount, -0.00003);
       assert.equal(newest!.balance_after, 0.99991);
       assert.equal(newest!.model, 'paid-1');

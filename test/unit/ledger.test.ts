@@ -18,10 +18,10 @@ function charge(accountId: string, micro: number, at = T0, extra: Partial<Ledger
   n++;
   return {
     id: `txn_${n}`, type: 'charge', accountId, keyId: 'k1', amountMicro: -micro, balanceAfterMicro: null, createdAt: at,
-    requestId: `req_${n}`, model: 'm1', inputTokens: 10, outputTokens: 5, estimated: false, note: null, idempotencyKey: null, ...extra,
+    requestId: `req_${n}`, model: 'm1', inputTokens: 10, outputTokens: 5, estimated: false, note: null, idempotencyKey: null, deployment: 'p1', ...extra,
   };
 }
-const credit = (accountId: string, micro: number, at = T0): LedgerEntry => charge(accountId, -micro, at, { type: 'credit', model: null, keyId: null });
+const credit = (accountId: string, micro: number, at = T0): LedgerEntry => charge(accountId, -micro, at, { type: 'credit', model: null, keyId: null, deployment: null });
 const tmp = () => mkdtempSync(join(tmpdir(), 'mg-ledger-'));
 const quiet = new Logger(() => {});
 

@@ -1,0 +1,149 @@
+import type { Clock } from '../clock.js';
+import type { RoutingConfig } from '../config/types.js';
+import type { Deployment, ModelEntry } from '../directory.js';
+import type { ErrorCode, ErrorDetails, ErrorSpec } from '../errors.js';
+import type { Metrics } from '../metrics.js';
+import type { Usage } from '../money.js';
+import type { Endpoint, Exchange } from '../providers/types.js';
+import { chooseDeployment } from './choose.js';
+import type { Cooldowns } from './cooldowns.js';
+
+/** Failures that move a call to another deployment (before its first byte): the provider's trouble, not the request's. */
+const FAILOVER_KINDS = new Set(['connection', 'timeout', '408', '429', '503', '529', '5xx']);
+/** The longest cooldown a provider's Retry-After can ask for. */
+const MAX_RETRY_AFTER_MS = 3_600_000;
+/** Cooldown ends of a model none of whose deployments is cooling down. */
+const NOT_COOLING = new Float64Array(16);
+
+/** What a routed call needs of the gateway. */
+export interface RoutingHost {
+  readonly cooldowns: Cooldowns;
+  readonly clock: Clock;
+  readonly metrics: Metrics;
+}
+
+/** The billed call under a routed one: it switches to the deployment an attempt is on. */
+export interface ServedExchange extends Exchange {
+  serve(model: ModelEntry): void;
+}
+
+/**
+ * A call of a model with several deployments (CONTRACT section 10). Each attempt goes to one
+ * deployment, chosen by weight among those not cooling down, then the fallbacks in order. A
+ * failure of the provider before the first byte (connection, timeout, 408, 429, 5xx, 529)
+ * cools that deployment down and moves the call to the next one, up to `maxAttempts` in all;
+ * any other outcome, and the last failure, reach the client as they would without routing.
+ */
+export class RoutedCall implements Exchange {
+  /** Each deployment gets one attempt: moving on to the next is the retry. */
+  readonly maxAttempts = 1;
+  private tried: number;
+  private attempts = 0;
+  private deployment: Deployment | null = null;
+  /** The current attempt's failure as its provider reported it, and its Retry-After. */
+  private failure: string | null = null;
+  private retryAfterMs: number | null = null;
+  /** Whether any attempt's provider had the whole request (it may bill the gateway for it). */
+  private delivered = false;
+
+  /**
+   * `excluded`: a bit mask of deployments that cannot take this request (their protocol
+   * cannot express it). `launch` hands an attempt to its deployment's provider.
+   */
+  constructor(
+    private readonly inner: ServedExchange,
+    private readonly deployments: readonly Deployment[],
+    excluded: number,
+    private readonly routing: RoutingConfig,
+    private readonly host: RoutingHost,
+    private readonly launch: (deployment: Deployment, index: number, ex: Exchange) => void,
+  ) {
+    this.tried = excluded;
+  }
+
+  /** Makes the first attempt. */
+  start(): void {
+    if (!this.next()) this.inner.fail('upstream_error', { message: 'No deployment of this model can take the call.' });
+  }
+
+  /** Hands the call to the next deployment; false when there is none or no attempt is left. */
+  private next(): boolean {
+    if (this.attempts >= this.routing.maxAttempts) return false;
+    const deployments = this.deployments;
+    const cooldowns = this.host.cooldowns;
+    let cooling: ArrayLike<number> = NOT_COOLING;
+    if (cooldowns.active > 0) cooling = deployments.map((d) => cooldowns.until(d.key));
+    const i = chooseDeployment(deployments, this.tried, cooling, this.host.clock.now(), Math.random);
+    if (i < 0) return false;
+    const d = deployments[i]!;
+    this.tried |= 1 << i;
+    this.attempts++;
+    this.deployment = d;
+    this.failure = null;
+    this.retryAfterMs = null;
+    this.inner.serve(d.model);
+    this.host.metrics.attempt(d.model.provider.id);
+    this.launch(d, i, this);
+    return true;
+  }
+
+  /** After a failure the provider reported: cools its deployment down and tries the next; false when the failure stands. */
+  private failOver(): boolean {
+    const kind = this.failure;
+    this.failure = null;
+    if (kind === null || !FAILOVER_KINDS.has(kind) || this.inner.aborted || this.inner.res.headersSent) return false;
+    const d = this.deployment!;
+    const provider = d.model.provider.id;
+    const ms = Math.max(this.routing.cooldownMs, Math.min(this.retryAfterMs ?? 0, MAX_RETRY_AFTER_MS));
+    if (ms > 0) {
+      this.host.cooldowns.start(d.key, ms);
+      this.host.metrics.cooldown(provider);
+    }
+    if (!this.next()) return false;
+    this.host.metrics.failover(provider);
+    return true;
+  }
+
+  get endpoint(): Endpoint { return this.inner.endpoint; }
+  get body(): Record<string, unknown> { return this.inner.body; }
+  get text(): string { return this.inner.text; }
+  get model(): ModelEntry { return this.inner.model; }
+  get stream(): boolean { return this.inner.stream; }
+  get requestId(): string { return this.inner.requestId; }
+  get res() { return this.inner.res; }
+  get inputTokens(): number { return this.inner.inputTokens; }
+  get maxOutputTokens(): number { return this.inner.maxOutputTokens; }
+  get aborted(): boolean { return this.inner.aborted; }
+
+  upstreamFailed(kind: string, retryAfterMs: number | null = null): void {
+    this.failure = kind;
+    this.retryAfterMs = retryAfterMs;
+    this.inner.upstreamFailed(kind, retryAfterMs);
+  }
+
+  noteDelivered(delivered: boolean): void {
+    // A provider that had the request may bill it even when a later deployment answers.
+    this.delivered ||= delivered;
+    this.inner.noteDelivered(this.delivered);
+  }
+
+  fail(code: ErrorCode, details?: ErrorDetails): void {
+    if (!this.failOver()) this.inner.fail(code, details);
+  }
+
+  failWith(code: string, spec: ErrorSpec, message: string): void {
+    if (!this.failOver()) this.inner.failWith(code, spec, message);
+  }
+
+  onAbort(stop: () => void): void { this.inner.onAbort(stop); }
+  head(status: number, contentType: string, extra?: string[]): void { this.inner.head(status, contentType, extra); }
+  write(chunk: string): boolean { return this.inner.write(chunk); }
+  whenDrained(resume: () => void): void { this.inner.whenDrained(resume); }
+  end(chunk?: string | Buffer): void { this.inner.end(chunk); }
+  noteOutput(chars: number): void { this.inner.noteOutput(chars); }
+  noteUsage(usage: Usage): void { this.inner.noteUsage(usage); }
+  observeUpstream(seconds: number): void { this.inner.observeUpstream(seconds); }
+  header(name: string): string | undefined { return this.inner.header(name); }
+  settle(usage: Usage | null, then: () => void): void { this.inner.settle(usage, then); }
+  cut(why: string, finalUsage?: Usage | null): void { this.inner.cut(why, finalUsage); }
+}
