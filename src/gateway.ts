@@ -39,6 +39,8 @@ export interface GatewayOptions {
   adminStore?: AdminStore;
   /** Deployments cooling down; default: this process's own (with Redis: shared, routing/redis-cooldowns.ts). */
   cooldowns?: Cooldowns;
+  /** The weighted choice's draw; default Math.random. */
+  random?: () => number;
 }
 
 /**
@@ -54,6 +56,7 @@ export class Gateway implements RouteHost {
   readonly metrics: Metrics;
   /** Kept across reloads, like the limiter's counters (keyed by model and provider id). */
   readonly cooldowns: Cooldowns;
+  readonly random: () => number;
   directory: Directory;
   providers: Map<string, Provider>;
   /** The config as loaded from its file (or given); admin changes are laid over it. */
@@ -76,6 +79,7 @@ export class Gateway implements RouteHost {
     this.limiter = options.limiter ?? new MemoryLimiter(this.clock);
     this.ledger = options.ledger ?? new MemoryLedger();
     this.cooldowns = options.cooldowns ?? new MemoryCooldowns(this.clock);
+    this.random = options.random ?? Math.random;
     this.createdS = Math.floor(this.clock.now() / 1000);
     this.fileConfig = config;
     this.admin = options.adminStore ?? new AdminStore(null);

@@ -20,6 +20,8 @@ export interface RoutingHost {
   readonly cooldowns: Cooldowns;
   readonly clock: Clock;
   readonly metrics: Metrics;
+  /** A number in [0, 1): the weighted choice's draw (Math.random; seeded in tests). */
+  random(): number;
 }
 
 /** The billed call under a routed one: it switches to the deployment an attempt is on. */
@@ -73,7 +75,7 @@ export class RoutedCall implements Exchange {
     const cooldowns = this.host.cooldowns;
     let cooling: ArrayLike<number> = NOT_COOLING;
     if (cooldowns.active > 0) cooling = deployments.map((d) => cooldowns.until(d.key));
-    const i = chooseDeployment(deployments, this.tried, cooling, this.host.clock.now(), Math.random);
+    const i = chooseDeployment(deployments, this.tried, cooling, this.host.clock.now(), this.host.random);
     if (i < 0) return false;
     const d = deployments[i]!;
     this.tried |= 1 << i;

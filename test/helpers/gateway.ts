@@ -8,6 +8,7 @@ import { MemoryLedger } from '../../src/ledger/memory.js';
 import type { Ledger, LedgerEntry } from '../../src/ledger/types.js';
 import type { Limiter } from '../../src/limiter/types.js';
 import { Logger } from '../../src/log.js';
+import type { Cooldowns } from '../../src/routing/cooldowns.js';
 import { createGatewayServer, listen } from '../../src/server.js';
 
 export const sha = (key: string) => hash('sha256', key);
@@ -55,7 +56,10 @@ export interface Running {
 /** Starts a real gateway on port 0 in this process. */
 export async function startGateway(
   raw: Record<string, unknown> = testConfig(),
-  options: { clock?: Clock; env?: Record<string, string>; ledger?: Ledger; limiter?: Limiter; adminKey?: string; adminStore?: AdminStore } = {},
+  options: {
+    clock?: Clock; env?: Record<string, string>; ledger?: Ledger; limiter?: Limiter; adminKey?: string; adminStore?: AdminStore;
+    cooldowns?: Cooldowns; random?: () => number;
+  } = {},
 ): Promise<Running> {
   const clock = options.clock;
   const result = validateConfig(raw, { baseDir: process.cwd(), env: options.env ?? {} });
@@ -67,6 +71,8 @@ export async function startGateway(
     ...(options.adminKey === undefined ? {} : { adminKey: options.adminKey }),
     ...(options.adminStore === undefined ? {} : { adminStore: options.adminStore }),
     ...(options.limiter === undefined ? {} : { limiter: options.limiter }),
+    ...(options.cooldowns === undefined ? {} : { cooldowns: options.cooldowns }),
+    ...(options.random === undefined ? {} : { random: options.random }),
   });
   const server = createGatewayServer(gateway);
   const url = await listen(server, 0, '127.0.0.1');

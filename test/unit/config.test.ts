@@ -139,6 +139,56 @@ describe('config validation', () => {
       'providers.m.headers: unknown key (allowed: protocol, latencyMs, tokensPerSecond)',
     ]);
   });
+
+  test('models: deployments (weights, fallbacks, own upstream names) and the routing section; each mistake named', () => {
+    const r = validateConfig({
+      routing: { maxAttempts: 2 },
+      models: {
+        m: { price: 'free', upstreamModel: 'up-m', deployments: [{ provider: 'a', weight: 2.5 }, { provider: 'b', upstreamModel: 'b-m', fallback: true }] },
+        single: { provider: 'a' },
+      },
+      providers: { a: { protocol: 'mock' }, b: { protocol: 'mock' } },
+    }, opts);
+    assert.ok(r.ok);
+    assert.deepEqual(r.config.routing, { maxAttempts: 2, cooldownMs: 5000 });
+    const m = r.config.models.get('m')!;
+    assert.deepEqual(m.deployments, [
+      { provider: 'a', upstreamModel: 'up-m', weight: 2.5, fallback: false },
+      { provider: 'b', upstreamModel: 'b-m', weight: 1, fallback: true },
+    ]);
+    assert.deepEqual([m.provider, m.upstreamModel], ['a', 'up-m'], 'the first deployment is the model\'s provider');
+    assert.deepEqual(r.config.models.get('single')!.deployments, [{ provider: 'a', upstreamModel: 'single', weight: 1, fallback: false }]);
+    const errors = errorsOf({
+      routing: { maxAttempts: 0, cooldownMs: -1, jitter: true },
+      models: {
+        both: { provider: 'a', deployments: [{ provider: 'a' }] },
+        empty: { deployments: [] },
+        bad: { deployments: [{ provider: 'a', weight: 0 }, { provider: 'a' }, { provider: 'zz', weight: 'x' }, 'a', { provider: 'a', fallback: 'no', extra: 1 }] },
+        allFallback: { deployments: [{ provider: 'a', fallback: true }] },
+        priced: { deployments: [{ provider: 'a' }, { provider: 'o' }] },
+        neither: {},
+      },
+      providers: { a: { protocol: 'mock' }, o: { protocol: 'openai', apiKeyEnv: 'OPENAI_KEY' } },
+    });
+    assert.deepEqual(errors, [
+      'routing.jitter: unknown key (allowed: maxAttempts, cooldownMs)',
+      'routing.maxAttempts: must be an integer from 1 to 16',
+      'routing.cooldownMs: must be an integer from 0 to 86400000',
+      'models.both.provider: cannot be given with "deployments" (name the provider in each deployment)',
+      'models.empty.deployments: must be an array of 1 to 16 deployments',
+      'models.bad.deployments[0].weight: must be a number above 0 and at most 1000000',
+      'models.bad.deployments[1].provider: names "a" a second time in this model',
+      'models.bad.deployments[2].provider: unknown provider "zz"',
+      'models.bad.deployments[2].weight: must be a number above 0 and at most 1000000',
+      'models.bad.deployments[3]: must be an object',
+      'models.bad.deployments[4].extra: unknown key (allowed: provider, upstreamModel, weight, fallback)',
+      'models.bad.deployments[4].provider: names "a" a second time in this model',
+      'models.bad.deployments[4].fallback: must be true or false',
+      'models.allFallback.deployments: needs at least one deployment that is not a fallback',
+      'models.priced.price: is required for a model of a real provider (write "free" if it really costs nothing)',
+      'models.neither.provider: is required (or "deployments")',
+    ]);
+  });
 });
 
 describe('money', () => {

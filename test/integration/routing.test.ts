@@ -1,0 +1,214 @@
+import assert from 'node:assert/strict';
+import { createServer } from 'node:net';
+import { after, before, beforeEach, describe, test } from 'node:test';
+import { anthropicMessage, FakeUpstream, json, openaiCompletion, openaiStream, type Behaviour } from '../helpers/fake-upstream.js';
+import { FakeClock, rng } from '../helpers/fake-clock.js';
+import { chatBody, entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
+
+const PRICE = { inputPerMillion: 1, outputPerMillion: 2 };
+const ok: Behaviour = (_req, res) => json(res, 200, openaiCompletion('from the provider'));
+const status = (code: number, headers: Record<string, string> = {}): Behaviour => (_req, res) => json(res, code, { error: { message: `status ${code}` } }, headers);
+
+/** A port nothing listens on: connecting to it is refused. */
+async function closedPort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const port = (server.address() as { port: number }).port;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}
+
+describe('routing: deployments, failover, cooldowns (fake providers on loopback)', () => {
+  const a = new FakeUpstream();
+  const b = new FakeUpstream();
+  const c = new FakeUpstream();
+  const clock = new FakeClock();
+  let gw: Running;
+  let config: Record<string, unknown>;
+  let refused: number;
+  before(async () => {
+    const [ua, ub, uc] = [await a.start(), await b.start(), await c.start()];
+    refused = await closedPort();
+    const provider = (baseUrl: string, extra: Record<string, unknown> = {}) => ({ protocol: 'openai', baseUrl: `${baseUrl}/v1`, timeoutMs: 1000, ...extra });
+    config = testConfig({
+      routing: { maxAttempts: 3, cooldownMs: 5000 },
+      plans: { p: { rpm: 100_000, concurrency: 100 } },
+      accounts: { acct_a: { plan: 'p' } },
+      keys: { key_a: { account: 'acct_a', key: 'sk-client' } },
+      models: {
+        routed: {
+          price: PRICE,
+          deployments: [
+            { provider: 'a', weight: 3 },
+            { provider: 'b', weight: 1, upstreamModel: 'b-model' },
+            { provider: 'c', fallback: true, upstreamModel: 'c-model' },
+          ],
+        },
+        pair: { price: PRICE, deployments: [{ provider: 'a' }, { provider: 'b', fallback: true }] },
+        gone: { price: PRICE, deployments: [{ provider: 'nowhere' }, { provider: 'b', fallback: true }] },
+        mixed: { price: PRICE, deployments: [{ provider: 'ant' }, { provider: 'b', fallback: true }] },
+      },
+      providers: {
+        a: provider(ua), b: provider(ub), c: provider(uc),
+        nowhere: { protocol: 'openai', baseUrl: `http://127.0.0.1:${refused}/v1` },
+        ant: { protocol: 'anthropic', baseUrl: ua, timeoutMs: 1000 },
+      },
+    });
+    gw = await startGateway(config, { clock, random: rng(42) });
+  });
+  after(async () => {
+    await gw.close();
+    await Promise.all([a.close(), b.close(), c.close()]);
+  });
+  beforeEach(() => {
+    for (const up of [a, b, c]) {
+      up.queue.length = 0;
+      up.seen.length = 0;
+      up.fallback = ok;
+    }
+    clock.advance(3_600_000); // every earlier test's cooldowns are over
+  });
+
+  const call = (model: string, extra: Record<string, unknown> = {}) => postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody(model, 'hello', extra));
+  const entriesFor = (res: Response) => entriesOf(gw, 'acct_a').filter((e) => e.requestId === res.headers.get('x-request-id'));
+
+  test('weights: 400 calls split 3:1 between the primaries (within ±10 %); the fallback gets none', async () => {
+    const served = new Map<string, number>();
+    for (let i = 0; i < 400; i++) {
+      const res = await call('routed');
+      assert.equal(res.status, 200);
+      await res.arrayBuffer();
+      const by = res.headers.get('x-gateway-deployment')!;
+      served.set(by, (served.get(by) ?? 0) + 1);
+    }
+    assert.ok(Math.abs(served.get('a')! - 300) <= 30, `a served ${served.get('a')}`);
+    assert.ok(Math.abs(served.get('b')! - 100) <= 10, `b served ${served.get('b')}`);
+    assert.equal(served.get('c'), undefined);
+    assert.equal(a.hits, served.get('a'));
+    assert.equal(b.seen[0]!.body.model, 'b-model', 'each deployment gets its own upstreamModel');
+  });
+
+  for (const [name, behaviour] of [
+    ['408', status(408)], ['429', status(429)], ['500', status(500)], ['502', status(502)], ['503', status(503)], ['529', status(529)],
+  ] as const) {
+    test(`a ${name} before the first byte moves the call to the next deployment, once, and is charged once`, async () => {
+      a.fallback = behaviour;
+      const res = await call('pair');
+      assert.equal(res.status, 200);
+      assert.equal(res.headers.get('x-gateway-deployment'), 'b');
+      await res.json();
+      assert.equal(a.hits, 1, 'no retry on the failed deployment: the next attempt is the next deployment');
+      assert.equal(b.hits, 1);
+      const entries = entriesFor(res);
+      assert.equal(entries.length, 1, 'charged once');
+      assert.equal(entries[0]!.deployment, 'b');
+      assert.equal(entries[0]!.estimated, false);
+      assert.equal(entries[0]!.amountMicro, -(10 * 1 + 20 * 2), 'the usage b reported, at the model\'s price');
+    });
+  }
+
+  test('a connection error and a timeout to headers fail over too', async () => {
+    let res = await call('gone');
+    assert.equal(res.status, 200);
+    assert.equal(res.headers.get('x-gateway-deployment'), 'b');
+    await res.arrayBuffer();
+    a.fallback = () => {}; // never answers: provider a's timeoutMs (1000) runs out
+    const started = Date.now();
+    res = await call('pair');
+    assert.equal(res.status, 200);
+    assert.equal(res.headers.get('x-gateway-deployment'), 'b');
+    await res.arrayBuffer();
+    assert.ok(Date.now() - started >= 900, 'after a\'s own timeout');
+  });
+
+  test('a 400 is the client\'s: returned as it is, not failed over, no cooldown', async () => {
+    a.fallback = status(400);
+    let res = await call('pair');
+    assert.equal(res.status, 400);
+    assert.equal(((await res.json()) as { error: { message: string } }).error.message, 'status 400');
+    assert.equal(b.hits, 0);
+    a.fallback = ok;
+    res = await call('pair');
+    assert.equal(res.headers.get('x-gateway-deployment'), 'a', 'no cooldown started');
+    await res.arrayBuffer();
+  });
+
+  test('nothing is retried after the first byte: a stream cut mid-way is cut for the client', async () => {
+    a.fallback = openaiStream(['one ', 'two ', 'three'], { prompt_tokens: 5, completion_tokens: 3, total_tokens: 8 }, { cutAfter: 1, delayMs: 30 });
+    const res = await call('pair', { stream: true });
+    assert.equal(res.status, 200);
+    assert.equal(res.headers.get('x-gateway-deployment'), 'a');
+    await assert.rejects(res.text());
+    assert.equal(b.hits, 0);
+  });
+
+  test('a cooldown is honoured, then expires; a longer Retry-After extends it; a reload keeps it', async () => {
+    a.queue.push(status(503));
+    let res = await call('pair');
+    assert.equal(res.headers.get('x-gateway-deployment'), 'b');
+    await res.arrayBuffer();
+    for (let i = 0; i < 3; i++) {
+      res = await call('pair');
+      assert.equal(res.headers.get('x-gateway-deployment'), 'b', 'a is cooling down: the fallback serves');
+      await res.arrayBuffer();
+    }
+    assert.equal(a.hits, 1);
+    assert.deepEqual(await gw.gateway.reload(gw.gateway.config), []);
+    clock.advance(4999);
+    res = await call('pair');
+    assert.equal(res.headers.get('x-gateway-deployment'), 'b', 'still cooling after a reload');
+    await res.arrayBuffer();
+    clock.advance(1);
+    res = await call('pair');
+    assert.equal(res.headers.get('x-gateway-deployment'), 'a', 'cooldownMs is over');
+    await res.arrayBuffer();
+
+    a.queue.push(status(429, { 'retry-after': '30' }));
+    res = await call('pair');
+    assert.equal(res.headers.get('x-gateway-deployment'), 'b');
+    await res.arrayBuffer();
+    clock.advance(29_999);
+    res = await call('pair');
+    assert.equal(res.headers.get('x-gateway-deployment'), 'b', 'Retry-After: 30 outlasts cooldownMs');
+    await res.arrayBuffer();
+    clock.advance(1);
+    res = await call('pair');
+    assert.equal(res.headers.get('x-gateway-deployment'), 'a');
+    await res.arrayBuffer();
+  });
+
+  test('maxAttempts: every deployment failing ends with the last failure as section 6 maps it', async () => {
+    for (const up of [a, b, c]) up.fallback = status(503);
+    const res = await call('routed');
+    assert.equal(res.status, 503);
+    assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'upstream_overloaded');
+    assert.equal(a.hits + b.hits + c.hits, 3);
+    assert.equal(c.hits, 1, 'the fallback last');
+    assert.deepEqual(entriesFor(res).map((e) => e.amountMicro), [], 'refused everywhere: not charged');
+  });
+
+  test('deployments may speak different protocols: a chat call on an Anthropic deployment fails over to an OpenAI one', async () => {
+    a.queue.push(status(529));
+    const res = await call('mixed');
+    assert.equal(res.status, 200);
+    assert.equal(res.headers.get('x-gateway-deployment'), 'b');
+    await res.json();
+    assert.equal(a.seen[0]!.path, '/v1/messages', 'the Anthropic deployment got the call translated');
+    assert.equal(b.seen[0]!.path, '/v1/chat/completions', 'the OpenAI one as it was');
+    a.queue.push((_req, res2) => json(res2, 200, anthropicMessage('translated back')));
+    clock.advance(10_000);
+    const again = await call('mixed');
+    assert.equal(again.headers.get('x-gateway-deployment'), 'ant');
+    const body = (await again.json()) as { choices: Array<{ message: { content: string } }> };
+    assert.equal(body.choices[0]!.message.content, 'translated back');
+  });
+
+  test('/metrics counts attempts, failovers and cooldowns per provider', async () => {
+    a.queue.push(status(503));
+    await (await call('pair')).arrayBuffer();
+    const text = await (await fetch(`${gw.url}/metrics`)).text();
+    assert.match(text, /mg_upstream_attempts_total\{provider="a"\} \d+/);
+    assert.match(text, /mg_failovers_total\{provider="a"\} [1-9]/);
+    assert.match(text, /mg_cooldowns_total\{provider="a"\} [1-9]/);
+  });
+});
