@@ -153,7 +153,7 @@ describe('RoutedCall (fake clock, fake providers)', () => {
       assert.equal(r.billed.model.provider.id, 'b');
       assert.equal(r.cooldowns.until('m/a'), r.clock.now() + 5000, kind);
     }
-    const r = setup(deploymentsOf(['a', 1], ['b', 1, true]), (name, ex) => {
+    const r = setup(deploymentsOf(['a', 1], ['b', 1, true]), (_name, ex) => {
       ex.upstreamFailed('4xx', null);
       ex.failWith('upstream_400', { status: 400, type: 'invalid_request_error' } as never, 'bad');
     });
