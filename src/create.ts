@@ -1,7 +1,7 @@
 import type { IncomingMessage, Server, ServerResponse } from 'node:http';
 import { join } from 'node:path';
 import { AdminStore } from './admin/state.js';
-import type { Clock } from './clock.js';
+import { systemClock, type Clock } from './clock.js';
 import type { GatewayConfig } from './config/types.js';
 import { validateConfig } from './config/validate.js';
 import { Gateway } from './gateway.js';
@@ -11,6 +11,8 @@ import type { Ledger } from './ledger/types.js';
 import { RedisLimiter } from './limiter/redis.js';
 import type { Limiter } from './limiter/types.js';
 import { Logger } from './log.js';
+import { RedisCooldowns } from './routing/redis-cooldowns.js';
+import type { Cooldowns } from './routing/cooldowns.js';
 import { createGatewayServer, listen } from './server.js';
 
 /** A config that does not validate: every problem, named by its JSON path. */
@@ -90,17 +92,23 @@ export async function startGateway(
   const { logger } = options;
   const ledger: Ledger = config.ledger.store === 'file' ? await FileLedger.open(config.ledger.dir, { logger }) : new MemoryLedger();
   let limiter: Limiter | undefined;
+  let cooldowns: Cooldowns | undefined;
   if (config.limiter.store === 'redis') {
     const redis = new RedisLimiter({ ...config.limiter, logger });
     // Start even if Redis is away (not ready, fail-closed); it is picked up when it answers.
     await redis.whenReady(3000).catch(() => logger.warn('redis is not reachable yet; requests get 503 until it is'));
     limiter = redis;
+    // Deployments cooling down are shared too (CONTRACT section 10); routing never waits for them.
+    const shared = new RedisCooldowns({ url: config.limiter.url, prefix: config.limiter.prefix, clock: options.clock ?? systemClock, logger });
+    await shared.whenReady(1000).catch(() => {});
+    cooldowns = shared;
   }
   // Admin changes are kept beside the ledger's journal (in memory only with the memory ledger).
   const adminStore = new AdminStore(config.ledger.store === 'file' ? join(config.ledger.dir, 'admin-state.json') : null);
   const gateway = new Gateway(config, {
     logger, ledger, adminStore,
     ...(limiter === undefined ? {} : { limiter }),
+    ...(cooldowns === undefined ? {} : { cooldowns }),
     ...(options.adminKey ? { adminKey: options.adminKey } : {}),
     ...(options.clock === undefined ? {} : { clock: options.clock }),
   });
@@ -129,6 +137,7 @@ export async function startGateway(
     }
     await gateway.ledger.close();
     await gateway.limiter.close();
+    await gateway.cooldowns.close();
     logger.flush();
   };
 

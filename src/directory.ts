@@ -33,7 +33,7 @@ export interface Deployment {
   readonly model: ModelEntry;
   readonly weight: number;
   readonly fallback: boolean;
-  /** What its cooldown is kept under: the model's and the provider's ids. */
+  /** What its cooldown is kept under: `<model id>|<provider id>` (ids never hold a `|`). */
   readonly key: string;
 }
 
@@ -152,7 +152,7 @@ function withDeployments(entry: ModelEntry, m: ModelConfig, config: GatewayConfi
   const self: ModelEntry = { ...entry, deployments };
   for (const d of m.deployments) {
     const model = d === m.deployments[0] ? self : { ...self, provider: config.providers.get(d.provider)!, upstreamModel: d.upstreamModel };
-    deployments.push({ model, weight: d.weight, fallback: d.fallback, key: `${m.id}/${d.provider}` });
+    deployments.push({ model, weight: d.weight, fallback: d.fallback, key: `${m.id}|${d.provider}` });
   }
   return self;
 }

@@ -47,7 +47,7 @@ const SCRIPTS = {
 };
 
 /** Loads the optional `redis` package only when the config asks for it. */
-function loadRedis(): typeof import('redis') {
+export function loadRedis(): typeof import('redis') {
   try {
     return require('redis') as typeof import('redis');
   } catch {

@@ -1,7 +1,7 @@
 import type { Clock } from '../clock.js';
 
 /**
- * Deployments cooling down after a failure, by key (model id / provider id): read on every
+ * Deployments cooling down after a failure, by key (`<model id>|<provider id>`): read on every
  * routed call without waiting for anything, so a shared store keeps a local copy up to date.
  */
 export interface Cooldowns {

@@ -1,0 +1,118 @@
+import { randomBytes } from 'node:crypto';
+import type { RedisClientType } from 'redis';
+import type { Clock } from '../clock.js';
+import { loadRedis } from '../limiter/redis.js';
+import type { Logger } from '../log.js';
+import { MemoryCooldowns } from './cooldowns.js';
+
+/**
+ * Sets the cooldown key unless it already lives longer, and then tells every instance:
+ * KEYS[1] the key, KEYS[2] the channel; ARGV[1] the cooldown in ms, ARGV[2] the message.
+ */
+const START = `
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl >= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
+redis.call('PUBLISH', KEYS[2], ARGV[2])
+return 1`;
+
+export interface RedisCooldownsOptions {
+  url: string;
+  prefix: string;
+  clock: Clock;
+  logger?: Logger;
+}
+
+/**
+ * Cooldowns shared by every instance through Redis: one key per deployment
+ * (`<prefix>cooldown:<model>|<provider>`) that expires with its cooldown, and a message on
+ * `<prefix>cooldowns` when one starts or grows. Each instance keeps the local copy that routed
+ * calls read, so routing never waits for Redis; an instance that (re)connects reads the keys
+ * back with their remaining lives, so one that was away misses nothing. Redis being away only
+ * stops the sharing: each instance still cools down what it sees fail.
+ */
+export class RedisCooldowns extends MemoryCooldowns {
+  private readonly client: RedisClientType;
+  private readonly subscriber: RedisClientType;
+  private readonly keyPrefix: string;
+  private readonly channel: string;
+  /** This instance's own messages come back to it: they are known already. */
+  private readonly instance = randomBytes(6).toString('hex');
+  private readonly logger: Logger | undefined;
+  private lastError = 0;
+
+  constructor(options: RedisCooldownsOptions) {
+    super(options.clock);
+    const { createClient } = loadRedis();
+    this.keyPrefix = `${options.prefix}cooldown:`;
+    this.channel = `${options.prefix}cooldowns`;
+    this.logger = options.logger;
+    this.client = createClient({
+      url: options.url, disableOfflineQueue: true,
+      socket: { reconnectStrategy: (retries: number) => Math.min(50 * 2 ** retries, 1000) },
+    }) as RedisClientType;
+    this.subscriber = this.client.duplicate() as RedisClientType;
+    for (const c of [this.client, this.subscriber]) {
+      c.on('error', (err: Error) => this.warn('redis cooldown store error', err));
+      c.connect().catch(() => { /* reconnects by itself */ });
+    }
+    // On every (re)connection: what started while this instance was not listening.
+    this.client.on('ready', () => void this.readAll().catch((err: Error) => this.warn('reading shared cooldowns failed', err)));
+    this.subscriber.subscribe(this.channel, (message) => this.onMessage(message)).catch((err: Error) => this.warn('redis cooldown subscribe failed', err));
+  }
+
+  /** Resolves once both connections are up and the shared cooldowns are read (start-up and tests). */
+  async whenReady(ms: number): Promise<void> {
+    const until = Date.now() + ms;
+    while (!this.client.isReady || !this.subscriber.isReady) {
+      if (Date.now() > until) throw new Error('redis is not reachable');
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    await this.readAll();
+  }
+
+  override start(key: string, ms: number): void {
+    super.start(key, ms);
+    if (!this.client.isReady) return;
+    this.client.eval(START, { keys: [this.keyPrefix + key, this.channel], arguments: [String(ms), `${this.instance} ${ms} ${key}`] })
+      .catch((err: Error) => this.warn('sharing a cooldown failed', err));
+  }
+
+  /** `<instance> <ms> <key>`: another instance started a cooldown of `ms` from now. */
+  private onMessage(message: string): void {
+    const first = message.indexOf(' ');
+    const second = message.indexOf(' ', first + 1);
+    if (first < 0 || second < 0 || message.slice(0, first) === this.instance) return;
+    const ms = Number(message.slice(first + 1, second));
+    if (Number.isSafeInteger(ms) && ms > 0) this.extend(message.slice(second + 1), this.clock.now() + ms);
+  }
+
+  /** Reads every shared cooldown with the time it has left. */
+  private async readAll(): Promise<void> {
+    let cursor = '0';
+    do {
+      const [next, keys] = (await this.client.sendCommand(['SCAN', cursor, 'MATCH', `${this.keyPrefix}*`, 'COUNT', '1000'])) as [string, string[]];
+      cursor = next;
+      for (const key of keys) {
+        const ttl = Number(await this.client.sendCommand(['PTTL', key]));
+        if (ttl > 0) this.extend(key.slice(this.keyPrefix.length), this.clock.now() + ttl);
+      }
+    } while (cursor !== '0');
+  }
+
+  private warn(msg: string, err: Error): void {
+    const now = Date.now();
+    if (now - this.lastError > 5000) this.logger?.warn(msg, { error: err.message });
+    this.lastError = now;
+  }
+
+  override async close(): Promise<void> {
+    for (const c of [this.subscriber, this.client]) {
+      try {
+        if (c.isOpen) await c.quit();
+      } catch {
+        c.destroy();
+      }
+    }
+  }
+}
