@@ -2,6 +2,8 @@ import assert from 'node:assert/strict';
 import { createServer } from 'node:net';
 import { after, before, beforeEach, describe, test } from 'node:test';
 import { anthropicMessage, FakeUpstream, json, openaiCompletion, openaiStream, type Behaviour } from '../helpers/fake-upstream.js';
+import type { GatewayConfig } from '../../src/config/types.js';
+import { validateConfig } from '../../src/config/validate.js';
 import { FakeClock, rng } from '../helpers/fake-clock.js';
 import { chatBody, entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
 
@@ -26,6 +28,7 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
   let gw: Running;
   let config: Record<string, unknown>;
   let refused: number;
+  let reloaded: (providers: Record<string, unknown>) => GatewayConfig;
   before(async () => {
     const [ua, ub, uc] = [await a.start(), await b.start(), await c.start()];
     refused = await closedPort();
@@ -55,6 +58,11 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
       },
     });
     gw = await startGateway(config, { clock, random: rng(42) });
+    reloaded = (providers) => {
+      const r = validateConfig({ ...config, providers }, { baseDir: process.cwd(), env: {} });
+      assert.ok(r.ok);
+      return r.config;
+    };
   });
   after(async () => {
     await gw.close();
@@ -175,6 +183,33 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
     res = await call('pair');
     assert.equal(res.headers.get('x-gateway-deployment'), 'a');
     await res.arrayBuffer();
+  });
+
+  test('a reload leaves a call in flight on the deployments it started with', async () => {
+    let release!: () => void;
+    const held = new Promise<void>((r) => { release = r; });
+    let arrived!: () => void;
+    const reached = new Promise<void>((r) => { arrived = r; });
+    a.queue.push((_req, res) => {
+      arrived();
+      void held.then(() => json(res, 503, { error: { message: 'overloaded' } }));
+    });
+    const pending = call('pair');
+    await reached;
+    // The new config sends provider b's calls to c: the call in flight still fails over to the b it started with.
+    const providers = (config.providers as Record<string, { baseUrl: string }>);
+    assert.deepEqual(await gw.gateway.reload(reloaded({ ...providers, b: { ...providers.b, baseUrl: providers.c.baseUrl } })), []);
+    release();
+    const res = await pending;
+    assert.equal(res.headers.get('x-gateway-deployment'), 'b');
+    await res.arrayBuffer();
+    assert.deepEqual([b.hits, c.hits], [1, 0]);
+    clock.advance(10_000);
+    a.fallback = status(503);
+    const after = await call('pair');
+    await after.arrayBuffer();
+    assert.deepEqual([b.hits, c.hits], [1, 1], 'a new call uses the new config');
+    assert.deepEqual(await gw.gateway.reload(reloaded(providers)), []);
   });
 
   test('maxAttempts: every deployment failing ends with the last failure as section 6 maps it', async () => {
