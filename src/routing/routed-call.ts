@@ -1,10 +1,10 @@
 import type { Clock } from '../clock.js';
 import type { RoutingConfig } from '../config/types.js';
 import type { Deployment, ModelEntry } from '../directory.js';
+import { WrappedExchange } from '../providers/wrapped-exchange.js';
 import type { ErrorCode, ErrorDetails, ErrorSpec } from '../errors.js';
 import type { Metrics } from '../metrics.js';
-import type { Usage } from '../money.js';
-import type { Endpoint, Exchange } from '../providers/types.js';
+import type { Exchange } from '../providers/types.js';
 import { chooseDeployment } from './choose.js';
 import type { Cooldowns } from './cooldowns.js';
 
@@ -36,9 +36,9 @@ export interface ServedExchange extends Exchange {
  * cools that deployment down and moves the call to the next one, up to `maxAttempts` in all;
  * any other outcome, and the last failure, reach the client as they would without routing.
  */
-export class RoutedCall implements Exchange {
+export class RoutedCall extends WrappedExchange {
   /** Each deployment gets one attempt: moving on to the next is the retry. */
-  readonly maxAttempts = 1;
+  override get maxAttempts(): number { return 1; }
   private tried: number;
   private attempts = 0;
   private deployment: Deployment | null = null;
@@ -53,13 +53,14 @@ export class RoutedCall implements Exchange {
    * cannot express it). `launch` hands an attempt to its deployment's provider.
    */
   constructor(
-    private readonly inner: ServedExchange,
+    private readonly billed: ServedExchange,
     private readonly deployments: readonly Deployment[],
     excluded: number,
     private readonly routing: RoutingConfig,
     private readonly host: RoutingHost,
     private readonly launch: (deployment: Deployment, index: number, ex: Exchange) => void,
   ) {
+    super(billed);
     this.tried = excluded;
   }
 
@@ -83,7 +84,7 @@ export class RoutedCall implements Exchange {
     this.deployment = d;
     this.failure = null;
     this.retryAfterMs = null;
-    this.inner.serve(d.model);
+    this.billed.serve(d.model);
     this.host.metrics.attempt(d.model.provider.id);
     this.launch(d, i, this);
     return true;
@@ -106,46 +107,23 @@ export class RoutedCall implements Exchange {
     return true;
   }
 
-  get endpoint(): Endpoint { return this.inner.endpoint; }
-  get body(): Record<string, unknown> { return this.inner.body; }
-  get text(): string { return this.inner.text; }
-  get model(): ModelEntry { return this.inner.model; }
-  get stream(): boolean { return this.inner.stream; }
-  get requestId(): string { return this.inner.requestId; }
-  get res() { return this.inner.res; }
-  get inputTokens(): number { return this.inner.inputTokens; }
-  get maxOutputTokens(): number { return this.inner.maxOutputTokens; }
-  get aborted(): boolean { return this.inner.aborted; }
-
-  upstreamFailed(kind: string, retryAfterMs: number | null = null): void {
+  override upstreamFailed(kind: string, retryAfterMs: number | null = null): void {
     this.failure = kind;
     this.retryAfterMs = retryAfterMs;
     this.inner.upstreamFailed(kind, retryAfterMs);
   }
 
-  noteDelivered(delivered: boolean): void {
+  override noteDelivered(delivered: boolean): void {
     // A provider that had the request may bill it even when a later deployment answers.
     this.delivered ||= delivered;
     this.inner.noteDelivered(this.delivered);
   }
 
-  fail(code: ErrorCode, details?: ErrorDetails): void {
+  override fail(code: ErrorCode, details?: ErrorDetails): void {
     if (!this.failOver()) this.inner.fail(code, details);
   }
 
-  failWith(code: string, spec: ErrorSpec, message: string): void {
+  override failWith(code: string, spec: ErrorSpec, message: string): void {
     if (!this.failOver()) this.inner.failWith(code, spec, message);
   }
-
-  onAbort(stop: () => void): void { this.inner.onAbort(stop); }
-  head(status: number, contentType: string, extra?: string[]): void { this.inner.head(status, contentType, extra); }
-  write(chunk: string): boolean { return this.inner.write(chunk); }
-  whenDrained(resume: () => void): void { this.inner.whenDrained(resume); }
-  end(chunk?: string | Buffer): void { this.inner.end(chunk); }
-  noteOutput(chars: number): void { this.inner.noteOutput(chars); }
-  noteUsage(usage: Usage): void { this.inner.noteUsage(usage); }
-  observeUpstream(seconds: number): void { this.inner.observeUpstream(seconds); }
-  header(name: string): string | undefined { return this.inner.header(name); }
-  settle(usage: Usage | null, then: () => void): void { this.inner.settle(usage, then); }
-  cut(why: string, finalUsage?: Usage | null): void { this.inner.cut(why, finalUsage); }
 }

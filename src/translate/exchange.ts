@@ -1,8 +1,6 @@
-import type { ModelEntry } from '../directory.js';
-import type { ErrorCode, ErrorDetails, ErrorSpec } from '../errors.js';
-import type { Usage } from '../money.js';
 import type { Endpoint } from '../protocols/types.js';
 import type { Exchange } from '../providers/types.js';
+import { WrappedExchange } from '../providers/wrapped-exchange.js';
 import type { TranslatedRequest, Translation, Translator } from './types.js';
 
 /**
@@ -10,44 +8,39 @@ import type { TranslatedRequest, Translation, Translator } from './types.js';
  * translated back on their way to the client. Everything that meters, charges and ends the call
  * is the billed call's own: usage is read in the provider's protocol, so metering stays exact.
  */
-export class TranslatedCall implements Exchange {
-  readonly endpoint: Endpoint;
-  readonly body: Record<string, unknown>;
-  readonly text: string;
+export class TranslatedCall extends WrappedExchange {
+  private readonly translatedBody: Record<string, unknown>;
+  private readonly translatedText: string;
   private readonly transduce: ((event: string | null) => string) | null;
   private held: { status: number; extra: string[] } | null = null;
   private readonly dropped: string[];
 
-  constructor(private readonly inner: Exchange, private readonly translator: Translator, request: TranslatedRequest, private readonly call: Translation) {
-    this.endpoint = translator.provider;
-    this.body = request.body;
-    this.text = JSON.stringify(request.body);
+  constructor(inner: Exchange, private readonly translator: Translator, request: TranslatedRequest, private readonly call: Translation) {
+    super(inner);
+    this.translatedBody = request.body;
+    this.translatedText = JSON.stringify(request.body);
     this.dropped = request.dropped.length > 0 ? ['x-gateway-dropped', request.dropped.join(', ')] : [];
     this.transduce = inner.stream ? translator.stream(call) : null;
   }
 
-  get model(): ModelEntry { return this.inner.model; }
-  get stream(): boolean { return this.inner.stream; }
-  get requestId(): string { return this.inner.requestId; }
-  get res() { return this.inner.res; }
-  get inputTokens(): number { return this.inner.inputTokens; }
-  get maxOutputTokens(): number { return this.inner.maxOutputTokens; }
-  get aborted(): boolean { return this.inner.aborted; }
-  get maxAttempts(): number { return this.inner.maxAttempts; }
+  /** The provider's endpoint, and the request as it takes it. */
+  override get endpoint(): Endpoint { return this.translator.provider; }
+  override get body(): Record<string, unknown> { return this.translatedBody; }
+  override get text(): string { return this.translatedText; }
 
-  head(status: number, contentType: string, extra: string[] = []): void {
+  override head(status: number, contentType: string, extra: string[] = []): void {
     // A whole answer is sent at `end`, once translated (its length changes).
     if (this.transduce === null) this.held = { status, extra };
     else this.inner.head(status, contentType, [...extra, ...this.dropped]);
   }
 
-  write(chunk: string): boolean {
+  override write(chunk: string): boolean {
     const out = this.events(chunk);
     if (out === null) return false; // cut: the relay waits for a drain that never comes, and the close ends it
     return out === '' ? true : this.inner.write(out);
   }
 
-  end(chunk?: string | Buffer): void {
+  override end(chunk?: string | Buffer): void {
     if (this.transduce !== null) {
       const last = this.events(`${chunk === undefined ? '' : chunk.toString()}`, true);
       if (last !== null) this.inner.end(last);
@@ -92,17 +85,4 @@ export class TranslatedCall implements Exchange {
     }
     return out;
   }
-
-  onAbort(stop: () => void): void { this.inner.onAbort(stop); }
-  whenDrained(resume: () => void): void { this.inner.whenDrained(resume); }
-  noteOutput(chars: number): void { this.inner.noteOutput(chars); }
-  noteUsage(usage: Usage): void { this.inner.noteUsage(usage); }
-  noteDelivered(delivered: boolean): void { this.inner.noteDelivered(delivered); }
-  observeUpstream(seconds: number): void { this.inner.observeUpstream(seconds); }
-  upstreamFailed(kind: string, retryAfterMs?: number | null): void { this.inner.upstreamFailed(kind, retryAfterMs); }
-  header(name: string): string | undefined { return this.inner.header(name); }
-  settle(usage: Usage | null, then: () => void): void { this.inner.settle(usage, then); }
-  fail(code: ErrorCode, details?: ErrorDetails): void { this.inner.fail(code, details); }
-  failWith(code: string, spec: ErrorSpec, message: string): void { this.inner.failWith(code, spec, message); }
-  cut(why: string, finalUsage?: Usage | null): void { this.inner.cut(why, finalUsage); }
 }
