@@ -133,8 +133,8 @@ function afterBody(
     const launch = (deployment: Deployment, index: number, ex: Exchange) => {
       const plan = plans[index]!;
       try {
+        ctx.dropped = plan.dropped; // the attempt that answers names what its translation left out
         if (plan.translated === null) return providers.get(deployment.model.provider.id)!.handle(ex);
-        ctx.dropped = plan.dropped;
         providers.get(deployment.model.provider.id)!.handle(new TranslatedCall(ex, plan.translator!, plan.translated, {
           model: model.id, maxOutputTokens: maxOutput, inputTokens, requestId: ctx.id, clientBody: call.body, names: plan.translated.names,
           created: Math.floor(gw.clock.now() / 1000),
@@ -157,6 +157,8 @@ interface Plan {
   dropped: string | null;
 }
 
+const AS_IT_IS: Plan = Object.freeze({ translator: null, translated: null, dropped: null });
+
 interface Refusal {
   message: string;
   param: string | null;
@@ -166,7 +168,7 @@ interface Refusal {
 function planFor(
   protocol: Protocol, wire: WireProtocol, call: CallRequest, model: ModelEntry, inputTokens: number, requestId: string,
 ): Plan | { refusal: Refusal } {
-  if (protocol === 'mock' || supports(protocol, wire.endpoint)) return { translator: null, translated: null, dropped: null };
+  if (protocol === 'mock' || supports(protocol, wire.endpoint)) return AS_IT_IS;
   const translator = translatorFor(wire.endpoint, protocol);
   if (translator === null) {
     return { refusal: { message: `The model "${call.model}" is served over the ${protocol} protocol, which has no ${wire.path}; use ${servedPaths(protocol)}.`, param: 'model' } };
