@@ -44,9 +44,13 @@ export class Credits {
     const { account, idempotencyKey } = request;
     if (idempotencyKey === null) return this.make(request);
     const slot = `${account.id}\n${idempotencyKey}`;
-    const earlier = this.making.get(slot) ?? this.ctx.ledger.creditByKey(account.id, idempotencyKey);
-    if (earlier !== undefined) {
-      const entry = await earlier;
+    const inProgress = this.making.get(slot);
+    let earlier: LedgerEntry | undefined | Promise<LedgerEntry | undefined> = inProgress ?? this.ctx.ledger.creditByKey(account.id, idempotencyKey);
+    // A shared ledger is asked over the network: a repeat may start making it meanwhile. (With
+    // a local one nothing is awaited between this check and `making.set` below.)
+    if (inProgress === undefined && earlier instanceof Promise) earlier = (await earlier) ?? this.making.get(slot);
+    const entry = earlier === undefined ? undefined : await earlier;
+    if (entry !== undefined) {
       if (entry.amountMicro !== request.amountMicro || entry.note !== request.note) {
         throw new GatewayError('invalid_request', {
           message: 'This Idempotency-Key was used for a different credit (amount or note).', fields: { param: 'Idempotency-Key' },

@@ -25,7 +25,11 @@ export type LimiterConfig =
   | { store: 'memory' }
   | { store: 'redis'; url: string; prefix: string; timeoutMs: number; leaseMs: number };
 
-export type LedgerConfig = { store: 'memory' } | { store: 'file'; dir: string };
+export type LedgerConfig =
+  | { store: 'memory' }
+  | { store: 'file'; dir: string }
+  /** One ledger and admin state for a fleet (CONTRACT section 11); `schema` holds the tables. */
+  | { store: 'postgres'; url: string; schema: string };
 
 export interface PlanConfig {
   name: string;

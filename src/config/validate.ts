@@ -35,6 +35,8 @@ const DEFAULT_BASE_URL: Record<Protocol, string> = {
 };
 
 const HEX64 = /^[0-9a-f]{64}$/;
+/** A PostgreSQL schema name the gateway may quote into its statements. */
+const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,62}$/;
 
 /** `a.b.c`, with `["..."]` for segments that would not read well after a dot. */
 export function joinPath(base: string, segment: string | number): string {
@@ -216,16 +218,28 @@ function checkLimiter(c: Checker, value: unknown): LimiterConfig {
 function checkLedger(c: Checker, value: unknown, baseDir: string): LedgerConfig {
   const fileAt = (dir: string): LedgerConfig => ({ store: 'file', dir: isAbsolute(dir) ? dir : resolve(baseDir, dir) });
   if (value === undefined) return fileAt('data');
-  const o = c.object('ledger', value, ['store', 'dir']);
+  const o = c.object('ledger', value, ['store', 'dir', 'url', 'schema']);
   if (o === null) return { store: 'memory' };
+  const onlyFor = (store: string, keys: string[]) => {
+    for (const key of keys) if (o[key] !== undefined) c.fail(`ledger.${key}`, `applies only to store "${store}"`);
+  };
   if (o.store === 'memory') {
-    if (o.dir !== undefined) c.fail('ledger.dir', 'applies only to store "file"');
+    onlyFor('file', ['dir']);
+    onlyFor('postgres', ['url', 'schema']);
     return { store: 'memory' };
+  }
+  if (o.store === 'postgres') {
+    onlyFor('file', ['dir']);
+    if (o.url === undefined) c.fail('ledger.url', 'is required when store is "postgres"');
+    const schema = c.string('ledger.schema', o.schema, 'model_gateway');
+    if (!SCHEMA_NAME.test(schema)) c.fail('ledger.schema', 'must be a lower-case SQL name: a letter or _, then letters, digits or _ (at most 63)');
+    return { store: 'postgres', url: c.string('ledger.url', o.url, ''), schema };
   }
   if (o.store !== undefined && o.store !== 'file') {
-    c.fail('ledger.store', `must be "memory" or "file", got ${JSON.stringify(o.store)}`);
+    c.fail('ledger.store', `must be "memory", "file" or "postgres", got ${JSON.stringify(o.store)}`);
     return { store: 'memory' };
   }
+  onlyFor('postgres', ['url', 'schema']);
   return fileAt(c.string('ledger.dir', o.dir, 'data'));
 }
 

@@ -104,29 +104,13 @@ export class LedgerBook {
   }
 
   usage(accountId: string, startDay: number, endDay: number, groupBy: GroupBy): UsageRow[] {
-    const groups = new Map<string, UsageRow>();
+    const rows: UsageCell[] = [];
     for (const [key, cell] of this.cells.get(accountId) ?? []) {
       const [dayText, model, keyId] = key.split('\t') as [string, string, string];
       const day = Number(dayText);
-      if (day < startDay || day > endDay) continue;
-      const group = groupBy === 'day' ? dayText : groupBy === 'model' ? model : keyId;
-      let row = groups.get(group);
-      if (row === undefined) {
-        row = {
-          date: groupBy === 'day' ? dayString(day) : null,
-          model: groupBy === 'model' ? model || null : null,
-          keyId: groupBy === 'key' ? keyId || null : null,
-          requests: 0, inputTokens: 0, outputTokens: 0, costMicro: 0,
-        };
-        groups.set(group, row);
-      }
-      row.requests += cell.requests;
-      row.inputTokens += cell.inputTokens;
-      row.outputTokens += cell.outputTokens;
-      row.costMicro += cell.costMicro;
+      if (day >= startDay && day <= endDay) rows.push({ day, model, keyId, ...cell });
     }
-    return [...groups.values()].sort((a, b) =>
-      (a.date ?? a.model ?? a.keyId ?? '').localeCompare(b.date ?? b.model ?? b.keyId ?? ''));
+    return groupUsage(rows, groupBy);
   }
 
   /** A plain-JSON copy (for snapshots). */
@@ -147,6 +131,37 @@ export class LedgerBook {
     for (const [account, cells] of s.cells) book.cells.set(account, new Map(cells.map(([k, c]) => [k, { ...c }])));
     return book;
   }
+}
+
+/** One account's usage of one day, model and key ('' for none). */
+export interface UsageCell extends Cell {
+  day: number;
+  model: string;
+  keyId: string;
+}
+
+/** Usage cells summed by day, model or key, in that group's order (one shape for every ledger). */
+export function groupUsage(cells: Iterable<UsageCell>, groupBy: GroupBy): UsageRow[] {
+  const groups = new Map<string, UsageRow>();
+  for (const cell of cells) {
+    const group = groupBy === 'day' ? String(cell.day) : groupBy === 'model' ? cell.model : cell.keyId;
+    let row = groups.get(group);
+    if (row === undefined) {
+      row = {
+        date: groupBy === 'day' ? dayString(cell.day) : null,
+        model: groupBy === 'model' ? cell.model || null : null,
+        keyId: groupBy === 'key' ? cell.keyId || null : null,
+        requests: 0, inputTokens: 0, outputTokens: 0, costMicro: 0,
+      };
+      groups.set(group, row);
+    }
+    row.requests += cell.requests;
+    row.inputTokens += cell.inputTokens;
+    row.outputTokens += cell.outputTokens;
+    row.costMicro += cell.costMicro;
+  }
+  return [...groups.values()].sort((a, b) =>
+    (a.date ?? a.model ?? a.keyId ?? '').localeCompare(b.date ?? b.model ?? b.keyId ?? ''));
 }
 
 function creditSlot(e: LedgerEntry): string {

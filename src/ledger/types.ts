@@ -68,9 +68,12 @@ export interface Ledger {
   /** Billing history (charges and credits), newest first. Throws GatewayError on a bad cursor. */
   history(accountId: string, limit: number, after: string | null): HistoryPage | Promise<HistoryPage>;
   /** Usage between two UTC days (inclusive, day numbers), grouped. */
-  usage(accountId: string, startDay: number, endDay: number, groupBy: GroupBy): UsageRow[];
-  /** The durable admin credit of an account with this `Idempotency-Key` (kept CREDIT_KEY_DAYS days), if any. */
-  creditByKey(accountId: string, idempotencyKey: string): LedgerEntry | undefined;
+  usage(accountId: string, startDay: number, endDay: number, groupBy: GroupBy): UsageRow[] | Promise<UsageRow[]>;
+  /**
+   * The durable admin credit of an account with this `Idempotency-Key` (kept CREDIT_KEY_DAYS
+   * days; for ever by a shared ledger, where the key is unique), if any.
+   */
+  creditByKey(accountId: string, idempotencyKey: string): LedgerEntry | undefined | Promise<LedgerEntry | undefined>;
   /** The durable admin credits of the last CREDIT_KEY_DAYS days, oldest first. */
   recentCredits(): Iterable<LedgerEntry>;
   /** Whether the ledger can record (a failing disk makes the gateway not ready). */

@@ -71,11 +71,13 @@ export function registerAccountRoutes(router: Router<RouteHost>): void {
           return gw.fault(ctx, res, badParam('group_by', '"group_by" must be day, model or key.'));
         }
         gw.admit(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), () => {
-          const rows = gw.ledger.usage(key.account.id, start, end, groupBy).map((r) => ({
-            date: r.date, model: r.model, key_id: r.keyId, requests: r.requests, input_tokens: r.inputTokens,
-            output_tokens: r.outputTokens, cost: microToUsd(r.costMicro),
-          }));
-          sendJson(ctx, res, 200, JSON.stringify({ object: 'list', data: rows }), gw.done);
+          gw.decide(ctx, res, gw.ledger.usage(key.account.id, start, end, groupBy), (usage) => {
+            const rows = usage.map((r) => ({
+              date: r.date, model: r.model, key_id: r.keyId, requests: r.requests, input_tokens: r.inputTokens,
+              output_tokens: r.outputTokens, cost: microToUsd(r.costMicro),
+            }));
+            sendJson(ctx, res, 200, JSON.stringify({ object: 'list', data: rows }), gw.done);
+          });
         });
       },
     },

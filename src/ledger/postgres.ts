@@ -1,0 +1,329 @@
+import { DAY_MS } from '../clock.js';
+import { GatewayError } from '../errors.js';
+import type { Logger } from '../log.js';
+import { groupUsage, type UsageCell } from './book.js';
+import { migrate, type Pool } from './postgres-schema.js';
+import type { AccountTotals, GroupBy, HistoryPage, Ledger, LedgerEntry, UsageRow } from './types.js';
+
+/** The part of the `pg` package's Pool the ledger uses (the package is an optional peer dependency). */
+export interface PgPool extends Pool {
+  on(event: 'error', listener: (err: Error) => void): unknown;
+  end(): Promise<void>;
+}
+
+/** Loads the optional `pg` package only when the config asks for it. */
+export function loadPg(): { Pool: new (options: Record<string, unknown>) => PgPool } {
+  try {
+    return require('pg') as { Pool: new (options: Record<string, unknown>) => PgPool };
+  } catch {
+    throw new Error('ledger.store "postgres" needs the "pg" package: run `npm install pg` beside the gateway');
+  }
+}
+
+export interface PostgresLedgerOptions {
+  url: string;
+  schema: string;
+  logger?: Logger;
+  /** How often a ledger that lost the database tries it again. */
+  retryMs?: number;
+  /** Connections to the database (one writes, the others read history and usage). */
+  poolSize?: number;
+}
+
+interface Pending {
+  entry: LedgerEntry;
+  resolve: () => void;
+  reject: (err: Error) => void;
+}
+
+/** The most entries one statement carries (a tick's charges usually are far fewer). */
+const MAX_BATCH = 2000;
+/** Entries kept for the database while it is away; beyond, the oldest are logged and dropped. */
+const MAX_BACKLOG = 200_000;
+/** Deadlock and serialisation failures: the statement did nothing, so it is simply sent again. */
+const RETRYABLE = new Set(['40P01', '40001']);
+const noop = (): void => {};
+
+const COLUMNS = 'seq, id, type, account_id, key_id, amount_micro, balance_after_micro, created_at, request_id, model, deployment, input_tokens, output_tokens, estimated, note, idempotency_key';
+
+/**
+ * The ledger of a fleet: every instance writes the same PostgreSQL tables (CONTRACT section 11,
+ * README "Running a fleet"). Appends are group-committed: the entries of a tick go in one
+ * statement, which inserts them, skipping any already there (each entry's id is unique, so a
+ * retried write never doubles a charge), and adds them to the usage rollup and the balances
+ * in the same transaction; the promise of each resolves once it is committed. While the
+ * database is away the ledger is not ready (model calls get 503 before going upstream), the
+ * entries of calls already under way are kept and written when it answers again, and their
+ * waiters are refused (an answer whose charge cannot commit is not completed).
+ */
+export class PostgresLedger implements Ledger {
+  private readonly queue: Pending[] = [];
+  private writing = false;
+  private up = true;
+  private retryTimer: NodeJS.Timeout | null = null;
+  private closed = false;
+  private readonly logger: Logger | undefined;
+  private readonly retryMs: number;
+  /** Balances and the latest day's spend as of start (restores a memory limiter), then this instance's own entries. */
+  private readonly totalsByAccount = new Map<string, AccountTotals>();
+  /** This instance's view of the admin credits of the last days (given again to a shared limiter at start). */
+  private readonly credits: LedgerEntry[] = [];
+  private readonly t: Record<'entries' | 'usage' | 'balances', string>;
+
+  private constructor(private readonly pool: PgPool, schema: string, options: PostgresLedgerOptions) {
+    this.logger = options.logger;
+    this.retryMs = options.retryMs ?? 1000;
+    const q = `"${schema}"`;
+    this.t = { entries: `${q}.entries`, usage: `${q}.usage_daily`, balances: `${q}.balances` };
+  }
+
+  /** Connects, creates or migrates the schema (once for the fleet: an advisory lock), reads the totals. */
+  static async open(options: PostgresLedgerOptions): Promise<PostgresLedger> {
+    const { Pool } = loadPg();
+    const pool = new Pool({ connectionString: options.url, max: options.poolSize ?? 4, connectionTimeoutMillis: 5000 });
+    // An idle connection that breaks (the server restarted) must not take the process with it.
+    pool.on('error', (err) => options.logger?.warn('postgres connection lost', { error: err.message }));
+    try {
+      await migrate(pool, options.schema);
+      const ledger = new PostgresLedger(pool, options.schema, options);
+      await ledger.load();
+      return ledger;
+    } catch (err) {
+      await pool.end().catch(noop);
+      throw new Error(`the PostgreSQL ledger could not start: ${(err as Error).message}`);
+    }
+  }
+
+  private async load(): Promise<void> {
+    const { rows } = await this.pool.query(`
+      SELECT b.account_id, b.balance_micro, b.credited, d.day, d.cost
+      FROM ${this.t.balances} b
+      LEFT JOIN LATERAL (
+        SELECT day, sum(cost_micro) AS cost FROM ${this.t.usage} u WHERE u.account_id = b.account_id
+        GROUP BY day ORDER BY day DESC LIMIT 1
+      ) d ON true`);
+    for (const r of rows as Array<Record<string, string | boolean | null>>) {
+      this.totalsByAccount.set(r.account_id as string, {
+        balanceMicro: Number(r.balance_micro), credited: r.credited === true,
+        day: r.day === null ? 0 : Number(r.day), spentMicro: r.cost === null ? 0 : Number(r.cost),
+      });
+    }
+    const since = Date.now() - 7 * DAY_MS;
+    const credits = await this.pool.query(
+      `SELECT ${COLUMNS} FROM ${this.t.entries} WHERE type = 'credit' AND request_id IS NOT NULL AND created_at >= $1 ORDER BY seq`, [since]);
+    for (const r of credits.rows) this.credits.push(entryOf(r as Row));
+  }
+
+  append(entry: LedgerEntry): Promise<void> {
+    return new Promise((resolve, reject) => {
+      if (this.closed) return reject(new Error('the ledger is closed'));
+      if (this.queue.length >= MAX_BACKLOG) {
+        const lost = this.queue.shift()!;
+        this.logger?.error('ledger backlog full: an entry was not recorded', { entry: JSON.stringify(lost.entry) });
+        lost.reject(new Error('ledger backlog full'));
+      }
+      // While the database is away the entry waits for it, but its answer does not.
+      if (this.up) this.queue.push({ entry, resolve, reject });
+      else {
+        this.queue.push({ entry, resolve: noop, reject: noop });
+        reject(new GatewayError('ledger_unavailable', { retryAfterS: 1 }));
+      }
+      this.schedule();
+    });
+  }
+
+  /** One write at a time; everything appended meanwhile goes in the next (group commit). */
+  private schedule(): void {
+    if (this.writing || !this.up || this.queue.length === 0) return;
+    this.writing = true;
+    setImmediate(() => void this.flush());
+  }
+
+  private async flush(): Promise<void> {
+    const batch = this.queue.splice(0, MAX_BATCH);
+    let tries = 0;
+    for (;;) {
+      try {
+        await this.insert(batch.map((p) => p.entry));
+        break;
+      } catch (err) {
+        if (RETRYABLE.has((err as { code?: string }).code ?? '') && ++tries < 5) continue;
+        this.writing = false;
+        this.down(err as Error, batch);
+        return;
+      }
+    }
+    for (const p of batch) {
+      this.applyTotals(p.entry);
+      p.resolve();
+    }
+    this.writing = false;
+    this.schedule();
+  }
+
+  /** The database did not take a batch: not ready; the batch waits at the head of the queue, its waiters refused. */
+  private down(err: Error, batch: Pending[]): void {
+    if (this.up) this.logger?.error('postgres ledger unavailable: model calls get 503 until it answers', { error: err.message });
+    this.up = false;
+    const refusal = new GatewayError('ledger_unavailable', { retryAfterS: 1 });
+    for (const p of batch) p.reject(refusal);
+    this.queue.unshift(...batch.map((p) => ({ entry: p.entry, resolve: noop, reject: noop })));
+    this.retryLater();
+  }
+
+  private retryLater(): void {
+    if (this.retryTimer !== null || this.closed) return;
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = null;
+      void this.retry();
+    }, this.retryMs);
+    this.retryTimer.unref();
+  }
+
+  /** Writes the backlog (or just asks, when there is none); ready again once it goes through. */
+  private async retry(): Promise<void> {
+    const batch = this.queue.splice(0, MAX_BATCH);
+    try {
+      if (batch.length > 0) await this.insert(batch.map((p) => p.entry));
+      else await this.pool.query('SELECT 1');
+    } catch {
+      this.queue.unshift(...batch);
+      return this.retryLater();
+    }
+    for (const p of batch) this.applyTotals(p.entry);
+    this.logger?.warn('postgres ledger available again', { backlog_written: batch.length });
+    this.up = true;
+    this.schedule();
+  }
+
+  /**
+   * One statement (one transaction): the entries not already there, then the usage rollup and
+   * the balances from exactly those. Rows are taken in a fixed order so two instances writing
+   * the same rollup rows never deadlock.
+   */
+  private async insert(entries: LedgerEntry[]): Promise<void> {
+    const cols: unknown[][] = Array.from({ length: 15 }, () => []);
+    for (const e of entries) {
+      const values = [
+        e.id, e.type, e.accountId, e.keyId, e.amountMicro, e.balanceAfterMicro, e.createdAt, e.requestId, e.model, e.deployment,
+        e.inputTokens, e.outputTokens, e.estimated, e.note, e.idempotencyKey,
+      ];
+      for (let i = 0; i < 15; i++) cols[i]!.push(values[i]);
+    }
+    await this.pool.query(`
+      WITH ins AS (
+        INSERT INTO ${this.t.entries} (id, type, account_id, key_id, amount_micro, balance_after_micro, created_at, request_id, model,
+          deployment, input_tokens, output_tokens, estimated, note, idempotency_key)
+        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],
+          $9::text[], $10::text[], $11::bigint[], $12::bigint[], $13::boolean[], $14::text[], $15::text[])
+        ON CONFLICT DO NOTHING
+        RETURNING type, account_id, key_id, amount_micro, balance_after_micro, created_at, model, input_tokens, output_tokens
+      ), used AS (
+        INSERT INTO ${this.t.usage} AS u (account_id, day, model, key_id, requests, input_tokens, output_tokens, cost_micro)
+        SELECT account_id, (created_at / ${DAY_MS})::int, coalesce(model, ''), coalesce(key_id, ''), count(*), sum(input_tokens),
+          sum(output_tokens), -sum(amount_micro)
+        FROM ins WHERE type <> 'credit' GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
+        ON CONFLICT (account_id, day, model, key_id) DO UPDATE SET requests = u.requests + excluded.requests,
+          input_tokens = u.input_tokens + excluded.input_tokens, output_tokens = u.output_tokens + excluded.output_tokens,
+          cost_micro = u.cost_micro + excluded.cost_micro
+      ), money AS (
+        INSERT INTO ${this.t.balances} AS b (account_id, balance_micro, credited)
+        SELECT account_id, sum(CASE WHEN type = 'credit' OR balance_after_micro IS NOT NULL THEN amount_micro ELSE 0 END),
+          bool_or(type = 'credit')
+        FROM ins GROUP BY account_id ORDER BY account_id
+        ON CONFLICT (account_id) DO UPDATE SET balance_micro = b.balance_micro + excluded.balance_micro, credited = b.credited OR excluded.credited
+      )
+      SELECT count(*) AS n FROM ins`, cols);
+  }
+
+  /** Keeps `totals()` as the book would (it is read at start; this instance's own entries keep it current). */
+  private applyTotals(e: LedgerEntry): void {
+    const day = Math.floor(e.createdAt / DAY_MS);
+    let t = this.totalsByAccount.get(e.accountId);
+    if (t === undefined) {
+      t = { balanceMicro: 0, day, spentMicro: 0, credited: false };
+      this.totalsByAccount.set(e.accountId, t);
+    }
+    if (e.type === 'credit' || e.balanceAfterMicro !== null) t.balanceMicro += e.amountMicro;
+    if (e.type === 'credit') {
+      t.credited = true;
+      if (e.requestId !== null) this.credits.push(e);
+      return;
+    }
+    if (day > t.day) {
+      t.day = day;
+      t.spentMicro = 0;
+    }
+    if (day === t.day) t.spentMicro -= e.amountMicro;
+  }
+
+  totals(): ReadonlyMap<string, AccountTotals> {
+    return this.totalsByAccount;
+  }
+
+  /** Keyset pagination on (account, seq): the cursor is the last entry's sequence number. */
+  async history(accountId: string, limit: number, after: string | null): Promise<HistoryPage> {
+    let before: number | null = null;
+    if (after !== null) {
+      if (!/^p\d{1,15}$/.test(after)) throw new GatewayError('invalid_request', { message: 'The cursor "after" is not valid.', fields: { param: 'after' } });
+      before = Number(after.slice(1));
+    }
+    const { rows } = await this.pool.query(
+      `SELECT ${COLUMNS} FROM ${this.t.entries} WHERE account_id = $1 AND type <> 'usage' AND ($2::bigint IS NULL OR seq < $2)
+       ORDER BY seq DESC LIMIT $3`, [accountId, before, limit + 1]);
+    const hasMore = rows.length > limit;
+    const page = (rows as Row[]).slice(0, limit);
+    return { entries: page.map(entryOf), hasMore, nextCursor: hasMore ? `p${page.at(-1)!.seq}` : null };
+  }
+
+  /** From the rollup, never the raw entries. */
+  async usage(accountId: string, startDay: number, endDay: number, groupBy: GroupBy): Promise<UsageRow[]> {
+    const { rows } = await this.pool.query(
+      `SELECT day, model, key_id, requests, input_tokens, output_tokens, cost_micro FROM ${this.t.usage}
+       WHERE account_id = $1 AND day BETWEEN $2 AND $3`, [accountId, startDay, endDay]);
+    return groupUsage((rows as Array<Record<string, string | number>>).map((r): UsageCell => ({
+      day: Number(r.day), model: String(r.model), keyId: String(r.key_id), requests: Number(r.requests),
+      inputTokens: Number(r.input_tokens), outputTokens: Number(r.output_tokens), costMicro: Number(r.cost_micro),
+    })), groupBy);
+  }
+
+  /** Keys are unique per account in the database, and kept for ever. */
+  async creditByKey(accountId: string, idempotencyKey: string): Promise<LedgerEntry | undefined> {
+    const { rows } = await this.pool.query(
+      `SELECT ${COLUMNS} FROM ${this.t.entries} WHERE account_id = $1 AND idempotency_key = $2 AND type = 'credit'`, [accountId, idempotencyKey]);
+    return rows.length === 0 ? undefined : entryOf(rows[0] as Row);
+  }
+
+  recentCredits(): Iterable<LedgerEntry> {
+    const since = Date.now() - 7 * DAY_MS;
+    return this.credits.filter((e) => e.createdAt >= since);
+  }
+
+  ready(): boolean {
+    return this.up;
+  }
+
+  /** Writes what is queued (waiting up to a few seconds for a database that is away), then disconnects. */
+  async close(): Promise<void> {
+    const until = Date.now() + 5000;
+    while ((this.queue.length > 0 || this.writing) && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+    if (this.queue.length > 0) this.logger?.error('postgres ledger closed with entries not recorded', { entries: this.queue.length });
+    this.closed = true;
+    if (this.retryTimer !== null) clearTimeout(this.retryTimer);
+    await this.pool.end().catch(noop);
+  }
+}
+
+type Row = Record<string, string | number | boolean | null>;
+
+function entryOf(r: Row): LedgerEntry {
+  const num = (v: unknown) => Number(v);
+  const text = (v: unknown) => (v === null ? null : String(v));
+  return {
+    id: String(r.id), type: r.type as LedgerEntry['type'], accountId: String(r.account_id), keyId: text(r.key_id),
+    amountMicro: num(r.amount_micro), balanceAfterMicro: r.balance_after_micro === null ? null : num(r.balance_after_micro),
+    createdAt: num(r.created_at), requestId: text(r.request_id), model: text(r.model), inputTokens: num(r.input_tokens),
+    outputTokens: num(r.output_tokens), estimated: r.estimated === true, note: text(r.note), idempotencyKey: text(r.idempotency_key),
+    deployment: text(r.deployment),
+  };
+}

@@ -1,0 +1,159 @@
+import assert from 'node:assert/strict';
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, describe, test } from 'node:test';
+import { DAY_MS } from '../../src/clock.js';
+import { LedgerBook } from '../../src/ledger/book.js';
+import { FileLedger } from '../../src/ledger/file.js';
+import { MemoryLedger } from '../../src/ledger/memory.js';
+import { PostgresLedger } from '../../src/ledger/postgres.js';
+import type { Ledger, LedgerEntry } from '../../src/ledger/types.js';
+import { Logger } from '../../src/log.js';
+import { rng } from '../helpers/fake-clock.js';
+import { dropSchema, freshSchema, noPostgres, PG_URL, sql } from '../helpers/postgres.js';
+
+const T0 = Date.UTC(2026, 0, 15, 10);
+const quiet = new Logger(() => {});
+let n = 0;
+function entry(accountId: string, micro: number, extra: Partial<LedgerEntry> = {}): LedgerEntry {
+  n++;
+  return {
+    id: `txn_c${n}`, type: 'charge', accountId, keyId: 'k1', amountMicro: -micro, balanceAfterMicro: null, createdAt: T0,
+    requestId: `req_c${n}`, model: 'm1', inputTokens: 10, outputTokens: 5, estimated: false, note: null, idempotencyKey: null,
+    deployment: 'p1', ...extra,
+  };
+}
+
+/** A ledger store to run the suite against: open (again, on the same data) and clean up. */
+interface Store {
+  kind: string;
+  skip: string | false;
+  open(): Promise<Ledger>;
+  /** Whether the data outlives the ledger object (reopened: the same books). */
+  durable: boolean;
+}
+
+const schemas: string[] = [];
+after(() => { for (const s of schemas) dropSchema(s); });
+
+function stores(): Store[] {
+  const dir = mkdtempSync(join(tmpdir(), 'mg-conformance-'));
+  const schema = freshSchema();
+  schemas.push(schema);
+  let memory: MemoryLedger | null = null;
+  return [
+    { kind: 'memory', skip: false, durable: false, open: async () => (memory ??= new MemoryLedger()) },
+    { kind: 'file', skip: false, durable: true, open: () => FileLedger.open(dir, { maxSegmentBytes: 4000, logger: quiet }) },
+    { kind: 'postgres', skip: noPostgres, durable: true, open: () => PostgresLedger.open({ url: PG_URL, schema, logger: quiet }) },
+  ];
+}
+
+async function allPages(ledger: Ledger, account: string, limit: number, after: string | null = null): Promise<string[]> {
+  const out: string[] = [];
+  for (let i = 0; i < 10_000; i++) {
+    const page = await ledger.history(account, limit, after);
+    out.push(...page.entries.map((e) => e.id));
+    if (!page.hasMore) return out;
+    after = page.nextCursor;
+  }
+  throw new Error('pagination did not end');
+}
+
+for (const store of stores()) {
+  describe(`ledger conformance: ${store.kind}`, { skip: store.skip }, () => {
+    test('balances, the latest day\'s spend, usage by day/model/key and billing history agree with the book (and survive a reopen)', async () => {
+      const r = rng(5);
+      const book = new LedgerBook();
+      let ledger = await store.open();
+      const history: string[] = [];
+      const entries: LedgerEntry[] = [];
+      for (let i = 0; i < 150; i++) {
+        const day = Math.floor(r() * 3);
+        const account = r() < 0.8 ? 'a' : 'b';
+        const kind = r();
+        const e = kind < 0.1
+          ? entry(account, -(1000 + i), { type: 'credit', model: null, keyId: null, deployment: null, requestId: null, balanceAfterMicro: 5000, createdAt: T0 + day * DAY_MS })
+          : entry(account, kind < 0.2 ? 0 : 1 + Math.floor(r() * 500), {
+            type: kind < 0.2 ? 'usage' : 'charge', createdAt: T0 + day * DAY_MS + i, model: r() < 0.5 ? 'm1' : 'm2', keyId: r() < 0.5 ? 'k1' : 'k2',
+            balanceAfterMicro: r() < 0.5 ? 1000 : null,
+          });
+        entries.push(e);
+      }
+      // Appended in one burst (group commit) and in ones.
+      await Promise.all(entries.slice(0, 100).map((e) => ledger.append(e)));
+      for (const e of entries.slice(100)) await ledger.append(e);
+      for (const e of entries) {
+        book.apply(e);
+        if (e.accountId === 'a' && e.type !== 'usage') history.push(e.id);
+      }
+      const check = async (l: Ledger, when: string) => {
+        for (const account of ['a', 'b']) {
+          assert.deepEqual(l.totals().get(account), book.totals.get(account), `${when}: totals of ${account}`);
+          for (const groupBy of ['day', 'model', 'key'] as const) {
+            assert.deepEqual(await l.usage(account, 0, 1_000_000, groupBy), book.usage(account, 0, 1_000_000, groupBy), `${when}: usage by ${groupBy}`);
+          }
+        }
+        const today = Math.floor(T0 / DAY_MS) + 1;
+        assert.deepEqual(await l.usage('a', today, today, 'day'), book.usage('a', today, today, 'day'), `${when}: one day`);
+        for (const limit of [1, 9, 100]) assert.deepEqual(await allPages(l, 'a', limit), [...history].reverse(), `${when}: history by ${limit}`);
+      };
+      await check(ledger, 'live');
+      if (store.durable) {
+        await ledger.close();
+        ledger = await store.open();
+        await check(ledger, 'reopened');
+      }
+      // New charges between pages shift nothing; bad cursors are refused; nobody's history is empty.
+      const first = await ledger.history('a', 10, null);
+      for (let i = 0; i < 5; i++) await ledger.append(entry('a', 1));
+      assert.deepEqual([...first.entries.map((e) => e.id), ...await allPages(ledger, 'a', 10, first.nextCursor)], [...history].reverse());
+      await assert.rejects(async () => ledger.history('a', 10, 'garbage'), /cursor/);
+      assert.deepEqual(await ledger.history('nobody', 10, null), { entries: [], hasMore: false, nextCursor: null });
+      await ledger.close();
+    });
+
+    test('an admin credit is found by its Idempotency-Key; entries keep every field', async () => {
+      const ledger = await store.open();
+      const credit = entry('c', -7_000_000, {
+        type: 'credit', model: null, keyId: null, deployment: null, balanceAfterMicro: 7_000_000, note: 'top-up', idempotencyKey: 'idem-1', requestId: 'req_admin',
+      });
+      const call = entry('c', 1234, { estimated: true, deployment: 'anthropic-b', inputTokens: 123_456_789, outputTokens: 42 });
+      await ledger.append(credit);
+      await ledger.append(call);
+      assert.deepEqual(await ledger.creditByKey('c', 'idem-1'), credit);
+      assert.equal(await ledger.creditByKey('c', 'idem-2'), undefined);
+      assert.equal(await ledger.creditByKey('other', 'idem-1'), undefined);
+      assert.deepEqual((await ledger.history('c', 10, null)).entries, [call, credit]);
+      assert.ok([...await ledger.recentCredits()].some((e) => e.id === credit.id) || credit.createdAt < Date.now() - 7 * DAY_MS);
+      await ledger.close();
+    });
+  });
+}
+
+describe('postgres ledger', { skip: noPostgres }, () => {
+  test('a write sent again (same entry id) is recorded once: balances and usage count it once', async () => {
+    const schema = freshSchema();
+    schemas.push(schema);
+    const ledger = await PostgresLedger.open({ url: PG_URL, schema, logger: quiet });
+    const e = entry('dup', 300);
+    await Promise.all([ledger.append(e), ledger.append(e)]); // in one statement
+    await ledger.append(e); // and in another
+    assert.equal(sql(`SELECT count(*) FROM "${schema}".entries`), '1');
+    assert.equal(sql(`SELECT requests || ' ' || cost_micro FROM "${schema}".usage_daily`), '1 300');
+    await ledger.close();
+    const again = await PostgresLedger.open({ url: PG_URL, schema, logger: quiet });
+    assert.equal(again.totals().get('dup')!.spentMicro, 300);
+    await again.close();
+  });
+
+  test('instances starting at once create the schema once (advisory lock); a newer schema is refused', async () => {
+    const schema = freshSchema();
+    schemas.push(schema);
+    const ledgers = await Promise.all([1, 2, 3, 4].map(() => PostgresLedger.open({ url: PG_URL, schema, logger: quiet })));
+    assert.equal(sql(`SELECT string_agg(version::text, ',') FROM "${schema}".schema_version`), '1');
+    await Promise.all(ledgers.map((l) => l.close()));
+    sql(`INSERT INTO "${schema}".schema_version (version) VALUES (99)`);
+    await assert.rejects(PostgresLedger.open({ url: PG_URL, schema, logger: quiet }), /version 99, newer than this gateway knows/);
+  });
+});
