@@ -7,6 +7,8 @@ import { validateConfig } from './config/validate.js';
 import { Gateway } from './gateway.js';
 import { FileLedger } from './ledger/file.js';
 import { MemoryLedger } from './ledger/memory.js';
+import { loadPg, PostgresLedger } from './ledger/postgres.js';
+import { PostgresAdminStore } from './admin/postgres-state.js';
 import type { Ledger } from './ledger/types.js';
 import { RedisLimiter } from './limiter/redis.js';
 import type { Limiter } from './limiter/types.js';
@@ -81,6 +83,30 @@ export async function createGateway(config: unknown, options: CreateOptions = {}
   });
 }
 
+/** The ledger the config names (PostgreSQL: the schema is created or migrated first). */
+async function openLedger(config: GatewayConfig, logger: Logger): Promise<Ledger> {
+  switch (config.ledger.store) {
+    case 'file': return FileLedger.open(config.ledger.dir, { logger });
+    case 'postgres': return PostgresLedger.open({ url: config.ledger.url, schema: config.ledger.schema, logger });
+    default: return new MemoryLedger();
+  }
+}
+
+/**
+ * Admin changes are kept where the ledger is: beside its journal, in its database (shared by
+ * the fleet), or in memory only with the memory ledger.
+ */
+async function openAdminStore(config: GatewayConfig, ledger: Ledger, logger: Logger): Promise<AdminStore> {
+  const where = config.ledger;
+  if (where.store === 'file') return new AdminStore(join(where.dir, 'admin-state.json'));
+  if (where.store !== 'postgres') return new AdminStore(null);
+  const { Client } = loadPg();
+  return PostgresAdminStore.open({
+    pool: (ledger as PostgresLedger).pool, schema: where.schema, logger,
+    listener: () => new Client({ connectionString: where.url }),
+  });
+}
+
 /** The same from an already validated config (the CLI's path). */
 export async function startGateway(
   config: GatewayConfig, options: CreateOptions & { logger: Logger },
@@ -90,7 +116,7 @@ export async function startGateway(
   },
 ): Promise<EmbeddedGateway> {
   const { logger } = options;
-  const ledger: Ledger = config.ledger.store === 'file' ? await FileLedger.open(config.ledger.dir, { logger }) : new MemoryLedger();
+  const ledger = await openLedger(config, logger);
   let limiter: Limiter | undefined;
   let cooldowns: Cooldowns | undefined;
   if (config.limiter.store === 'redis') {
@@ -103,8 +129,7 @@ export async function startGateway(
     await shared.whenReady(1000).catch(() => {});
     cooldowns = shared;
   }
-  // Admin changes are kept beside the ledger's journal (in memory only with the memory ledger).
-  const adminStore = new AdminStore(config.ledger.store === 'file' ? join(config.ledger.dir, 'admin-state.json') : null);
+  const adminStore = await openAdminStore(config, ledger, logger);
   const gateway = new Gateway(config, {
     logger, ledger, adminStore,
     ...(limiter === undefined ? {} : { limiter }),
@@ -135,6 +160,7 @@ export async function startGateway(
       const until = Date.now() + drainTimeoutMs;
       while (gateway.inFlight > 0 && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
     }
+    await gateway.admin.close();
     await gateway.ledger.close();
     await gateway.limiter.close();
     await gateway.cooldowns.close();

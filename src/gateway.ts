@@ -20,7 +20,7 @@ import { Router } from './router.js';
 import { MemoryCooldowns, type Cooldowns } from './routing/cooldowns.js';
 import { Credits } from './admin/credits.js';
 import { creditEntry } from './billing/entries.js';
-import { AdminStore, cloneAdminState, overlay, type AdminState } from './admin/state.js';
+import { AdminConflict, AdminStore, cloneAdminState, overlay, type AdminState } from './admin/state.js';
 import { registerAccountRoutes } from './routes/account.js';
 import { registerAdminRoutes } from './routes/admin.js';
 import { registerCompletionRoutes } from './routes/completions.js';
@@ -99,6 +99,13 @@ export class Gateway implements RouteHost {
     registerAccountRoutes(this.router);
     registerCompletionRoutes(this.router);
     registerCountTokensRoute(this.router);
+    // Changes another instance makes to a shared admin state apply here too, in turn with ours.
+    // It is read inside the queue, so a change of ours never builds on a state that moved under it.
+    this.admin.watch(() => {
+      this.change(async () => this.adoptAdminState(await this.admin.reload())).catch((err: unknown) => {
+        this.logger.warn('admin state: could not read a change made by another instance', { error: String(err) });
+      });
+    });
     this.credits = new Credits({ ledger: this.ledger, limiter: this.limiter, logger: this.logger, now: () => this.clock.now() });
     this.restoreFromLedger();
     this.credits.resume();
@@ -136,15 +143,33 @@ export class Gateway implements RouteHost {
    */
   changeAdmin(mutate: (state: AdminState) => void): Promise<string[]> {
     return this.change(async () => {
-      const next = cloneAdminState(this.admin.state);
-      mutate(next);
-      const effective = overlay(this.fileConfig, next);
-      if ('errors' in effective) return effective.errors;
-      await this.admin.save(next); // durable first; if this throws, nothing changed
-      this.admin.state = next;
-      this.apply(effective.config);
-      return [];
+      for (let attempt = 1; ; attempt++) {
+        const next = cloneAdminState(this.admin.state);
+        mutate(next);
+        const effective = overlay(this.fileConfig, next);
+        if ('errors' in effective) return effective.errors;
+        try {
+          await this.admin.save(next); // durable first; if this throws, nothing changed
+        } catch (err) {
+          // A shared store: another instance changed the state first. Take theirs, redo ours on it.
+          if (!(err instanceof AdminConflict) || attempt === 5) throw err;
+          this.adoptAdminState(await this.admin.reload());
+          continue;
+        }
+        this.admin.state = next;
+        this.apply(effective.config);
+        return [];
+      }
     });
+  }
+
+  /** The admin state another instance saved (a shared store), made live here. */
+  private adoptAdminState(state: AdminState): void {
+    const effective = overlay(this.fileConfig, state);
+    if ('errors' in effective) {
+      return this.logger.error('admin change from another instance does not fit this config file; not applied', { errors: effective.errors.join('; ') });
+    }
+    this.apply(effective.config);
   }
 
   /** Every change of the running config (admin calls and reloads) runs here, one at a time, in order. */

@@ -103,7 +103,7 @@ async function start(options: StartOptions): Promise<void> {
   const host = options.host ?? process.env.HOST ?? config.server.host;
   const port = options.port ?? portFromEnv ?? config.server.port;
   const gateway = embedded.gateway;
-  if (adminKey) logger.info('admin API enabled', { path: '/admin/v1/', durable: gateway.admin.path !== null });
+  if (adminKey) logger.info('admin API enabled', { path: '/admin/v1/', kept_in: gateway.admin.where });
   // Signals are handled before the "listening" line: a supervisor may signal the moment it reads it.
   process.on('SIGHUP', () => {
     if (demo) return logger.warn('SIGHUP ignored: the demo configuration has no file to reload');

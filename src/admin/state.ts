@@ -78,7 +78,7 @@ interface Stored {
   deletedKeys: string[];
 }
 
-function toJson(state: AdminState): string {
+export function toJson(state: AdminState): string {
   return JSON.stringify({
     version: 2, plans: [...state.plans], accounts: [...state.accounts], keys: [...state.keys], keyPatches: [...state.keyPatches],
     deletedKeys: [...state.deletedKeys],
@@ -91,7 +91,7 @@ function entries<T>(value: unknown, version: 1 | 2): Array<[string, T]> {
   return Object.entries(value as Record<string, T>);
 }
 
-function fromJson(text: string): AdminState {
+export function fromJson(text: string): AdminState {
   const s = JSON.parse(text) as Stored;
   return {
     plans: new Map(entries<PlanConfig>(s.plans, s.version)),
@@ -102,16 +102,44 @@ function fromJson(text: string): AdminState {
   };
 }
 
-/** Where admin changes are kept: a JSON file beside the ledger (or nowhere, in memory). */
+/** Another instance changed the shared admin state first: read it again and redo the change. */
+export class AdminConflict extends Error {
+  constructor() {
+    super('the admin state was changed by another instance');
+    this.name = 'AdminConflict';
+  }
+}
+
+/**
+ * Where admin changes are kept: a JSON file beside the ledger, nowhere (in memory), or, for a
+ * fleet, the database (admin/postgres-state.ts), which can also say when another instance
+ * changed them.
+ */
 export class AdminStore {
   /** The state as kept: what the running config is built from. */
   state: AdminState;
+  /** Where it is kept, for the start-up log line. */
+  readonly where: string;
 
-  constructor(readonly path: string | null) {
+  constructor(readonly path: string | null, where?: string) {
     this.state = path !== null && existsSync(path) ? fromJson(readFileSync(path, 'utf8')) : emptyAdminState();
+    this.where = where ?? path ?? 'memory';
   }
 
-  /** Writes `state` atomically (temp file, fsync, rename, fsync of the folder) before the change is acknowledged. */
+  /** Runs `changed` each time another instance changes the state (shared stores only); `reload` reads it. */
+  watch(_changed: () => void): void {}
+
+  /** The state as kept now (after an AdminConflict). */
+  async reload(): Promise<AdminState> {
+    return this.state;
+  }
+
+  async close(): Promise<void> {}
+
+  /**
+   * Writes `state` atomically (temp file, fsync, rename, fsync of the folder) before the change
+   * is acknowledged. A shared store throws AdminConflict when another instance saved first.
+   */
   async save(state: AdminState): Promise<void> {
     if (this.path === null) return;
     const tmp = `${this.path}.tmp`;

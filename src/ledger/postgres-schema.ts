@@ -49,6 +49,11 @@ export const MIGRATIONS: ReadonlyArray<(s: string) => string> = [
       account_id text PRIMARY KEY,
       balance_micro bigint NOT NULL,
       credited boolean NOT NULL
+    );
+    CREATE TABLE ${s}.admin_state (
+      id smallint PRIMARY KEY CHECK (id = 1),
+      version bigint NOT NULL,
+      state text NOT NULL
     );`,
 ];
 

@@ -11,10 +11,17 @@ export interface PgPool extends Pool {
   end(): Promise<void>;
 }
 
+/** The part of the `pg` package the gateway uses. */
+export interface PgPackage {
+  Pool: new (options: Record<string, unknown>) => PgPool;
+  /** One connection of its own (what LISTEN needs). */
+  Client: new (options: Record<string, unknown>) => never;
+}
+
 /** Loads the optional `pg` package only when the config asks for it. */
-export function loadPg(): { Pool: new (options: Record<string, unknown>) => PgPool } {
+export function loadPg(): PgPackage {
   try {
-    return require('pg') as { Pool: new (options: Record<string, unknown>) => PgPool };
+    return require('pg') as PgPackage;
   } catch {
     throw new Error('ledger.store "postgres" needs the "pg" package: run `npm install pg` beside the gateway');
   }
@@ -70,7 +77,8 @@ export class PostgresLedger implements Ledger {
   private readonly credits: LedgerEntry[] = [];
   private readonly t: Record<'entries' | 'usage' | 'balances', string>;
 
-  private constructor(private readonly pool: PgPool, schema: string, options: PostgresLedgerOptions) {
+  /** The connections, shared with the admin state kept in the same database. */
+  private constructor(readonly pool: PgPool, schema: string, options: PostgresLedgerOptions) {
     this.logger = options.logger;
     this.retryMs = options.retryMs ?? 1000;
     const q = `"${schema}"`;

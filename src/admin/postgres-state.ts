@@ -1,0 +1,109 @@
+import type { Logger } from '../log.js';
+import type { PgPool } from '../ledger/postgres.js';
+import { AdminConflict, AdminStore, emptyAdminState, fromJson, toJson, type AdminState } from './state.js';
+
+/** A connection that listens (the pg package's Client). */
+interface PgListener {
+  connect(): Promise<unknown>;
+  query(text: string): Promise<unknown>;
+  on(event: 'notification', listener: (message: { channel: string; payload?: string }) => void): unknown;
+  on(event: 'error' | 'end', listener: (err?: Error) => void): unknown;
+  end(): Promise<void>;
+}
+
+export interface PostgresAdminOptions {
+  pool: PgPool;
+  /** A new listening connection (pg's Client with the ledger's URL). */
+  listener: () => PgListener;
+  schema: string;
+  logger?: Logger;
+}
+
+/**
+ * The admin state of a fleet, in the ledger's database: one row (the state as JSON and a
+ * version). A change is saved only over the version it was made from (else AdminConflict:
+ * the gateway reads the state again and redoes the change, so two instances never undo each
+ * other's), and announced with NOTIFY; every instance LISTENs and applies it at once. A
+ * listener that reconnects reads the whole state again, so a change made while it was away is
+ * not missed.
+ */
+export class PostgresAdminStore extends AdminStore {
+  private version = 0;
+  private readonly table: string;
+  private readonly channel: string;
+  private listener: PgListener | null = null;
+  private changed: (() => void) | null = null;
+  private closed = false;
+  private retry: NodeJS.Timeout | null = null;
+
+  private constructor(private readonly options: PostgresAdminOptions) {
+    super(null, `postgres schema ${options.schema}`);
+    this.table = `"${options.schema}".admin_state`;
+    this.channel = `${options.schema}_admin`;
+  }
+
+  static async open(options: PostgresAdminOptions): Promise<PostgresAdminStore> {
+    const store = new PostgresAdminStore(options);
+    await store.reload();
+    await store.listen();
+    return store;
+  }
+
+  override async reload(): Promise<AdminState> {
+    const { rows } = await this.options.pool.query(`SELECT version, state FROM ${this.table} WHERE id = 1`);
+    const row = rows[0];
+    this.version = row === undefined ? 0 : Number(row.version);
+    this.state = row === undefined ? emptyAdminState() : fromJson(String(row.state));
+    return this.state;
+  }
+
+  override async save(state: AdminState): Promise<void> {
+    const { rows } = await this.options.pool.query(`
+      WITH saved AS (
+        INSERT INTO ${this.table} AS a (id, version, state) VALUES (1, $1 + 1, $2)
+        ON CONFLICT (id) DO UPDATE SET version = a.version + 1, state = excluded.state WHERE a.version = $1
+        RETURNING version
+      )
+      SELECT version, pg_notify($3, version::text) FROM saved`, [this.version, toJson(state), this.channel]);
+    if (rows.length === 0) throw new AdminConflict();
+    this.version = Number(rows[0]!.version);
+  }
+
+  override watch(changed: () => void): void {
+    this.changed = changed;
+  }
+
+  /** LISTENs on its own connection; when it breaks, connects again and reads the whole state. */
+  private async listen(): Promise<void> {
+    const listener = this.options.listener();
+    listener.on('notification', (message) => {
+      if (Number(message.payload) > this.version) this.changed?.();
+    });
+    const lost = () => {
+      if (this.listener !== listener || this.closed) return;
+      this.listener = null;
+      this.options.logger?.warn('admin state: lost the postgres listener; reconnecting');
+      this.reconnectLater();
+    };
+    listener.on('error', lost);
+    listener.on('end', lost);
+    await listener.connect();
+    await listener.query(`LISTEN "${this.channel}"`);
+    this.listener = listener;
+  }
+
+  private reconnectLater(): void {
+    if (this.retry !== null || this.closed) return;
+    this.retry = setTimeout(() => {
+      this.retry = null;
+      this.listen().then(() => this.changed?.(), () => this.reconnectLater());
+    }, 1000);
+    this.retry.unref();
+  }
+
+  override async close(): Promise<void> {
+    this.closed = true;
+    if (this.retry !== null) clearTimeout(this.retry);
+    await this.listener?.end().catch(() => {});
+  }
+}
