@@ -120,14 +120,16 @@ export async function startGateway(
   let limiter: Limiter | undefined;
   let cooldowns: Cooldowns | undefined;
   if (config.limiter.store === 'redis') {
-    const redis = new RedisLimiter({ ...config.limiter, logger });
+    // With the PostgreSQL ledger, Redis rebuilds an account's money from it when it lost it.
+    const shared = ledger instanceof PostgresLedger ? ledger : null;
+    const redis = new RedisLimiter({ ...config.limiter, logger, ...(shared === null ? {} : { money: (id: string) => shared.accountTotals(id) }) });
     // Start even if Redis is away (not ready, fail-closed); it is picked up when it answers.
     await redis.whenReady(3000).catch(() => logger.warn('redis is not reachable yet; requests get 503 until it is'));
     limiter = redis;
     // Deployments cooling down are shared too (CONTRACT section 10); routing never waits for them.
-    const shared = new RedisCooldowns({ url: config.limiter.url, prefix: config.limiter.prefix, clock: options.clock ?? systemClock, logger });
-    await shared.whenReady(1000).catch(() => {});
-    cooldowns = shared;
+    const cooling = new RedisCooldowns({ url: config.limiter.url, prefix: config.limiter.prefix, clock: options.clock ?? systemClock, logger });
+    await cooling.whenReady(1000).catch(() => {});
+    cooldowns = cooling;
   }
   const adminStore = await openAdminStore(config, ledger, logger);
   const gateway = new Gateway(config, {

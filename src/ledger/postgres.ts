@@ -269,6 +269,22 @@ export class PostgresLedger implements Ledger {
     return this.totalsByAccount;
   }
 
+  /** One account's money as the database has it now (a shared limiter store that lost it rebuilds it from this). */
+  async accountTotals(accountId: string): Promise<AccountTotals> {
+    const { rows } = await this.pool.query(`
+      SELECT b.balance_micro, b.credited, d.day, d.cost
+      FROM (SELECT 1) one
+      LEFT JOIN ${this.t.balances} b ON b.account_id = $1
+      LEFT JOIN LATERAL (
+        SELECT day, sum(cost_micro) AS cost FROM ${this.t.usage} WHERE account_id = $1 GROUP BY day ORDER BY day DESC LIMIT 1
+      ) d ON true`, [accountId]);
+    const r = rows[0]!;
+    return {
+      balanceMicro: r.balance_micro == null ? 0 : Number(r.balance_micro), credited: r.credited === true,
+      day: r.day == null ? 0 : Number(r.day), spentMicro: r.cost == null ? 0 : Number(r.cost),
+    };
+  }
+
   /** Keyset pagination on (account, seq): the cursor is the last entry's sequence number. */
   async history(accountId: string, limit: number, after: string | null): Promise<HistoryPage> {
     let before: number | null = null;

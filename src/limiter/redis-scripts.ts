@@ -16,7 +16,9 @@
  *                     Memory follows use: at most one member per millisecond, whatever the
  *                     limit, and at low rates no more than one member per admission
  *   P{A}:s        concurrency leases: sorted set, score = lease expiry, member = ticket id
- *   P{A}:m        money: hash day, spent (today), bal (prepaid balance), resv (sum of reservations), credited
+ *   P{A}:m        money: hash day, spent (today), bal (prepaid balance), resv (sum of reservations), credited,
+ *                 src (1 once the money was read from a shared ledger: with one, a script that finds
+ *                 no src answers 'restore', and the instance rebuilds the hash from the ledger, once)
  *   P{A}:r        reservations: hash ticket id -> micro-dollars (returned when a lease expires)
  *   P{A}:kwt:K, P{A}:kwn:K  per-key RPM window of key K;  P{A}:ks:K  per-key leases of key K
  *   P{A}:i:X      Idempotency-Key X in flight: string = ticket id, expires with the lease
@@ -55,6 +57,10 @@ local function add(key, field, delta)
   redis.call('HSET', key, field, string.format('%.0f', n))
   return n
 end
+-- With a shared ledger (flag 1), money not yet read from it (Redis lost it, or never had it).
+local function unsourced(needsrc, m)
+  return needsrc and redis.call('HGET', m, 'src') ~= '1'
+end
 -- Leases of a crashed instance run out: drop them and give their reservations back.
 local function expireLeases(s, m, r)
   local expired = redis.call('ZRANGEBYSCORE', s, '-inf', now)
@@ -74,7 +80,7 @@ end
 
 /**
  * KEYS: wt wn s m r kwt kwn ks i.
- * ARGV: id rpm conc krpm kconc haskey cap prepaid estimate lease hasidem instant
+ * ARGV: id rpm conc krpm kconc haskey cap prepaid estimate lease hasidem instant needsrc
  * (limits and the estimate are -1 for "none").
  */
 export const ADMIT = `${PRELUDE}
@@ -84,7 +90,7 @@ local krpm, kconc = int(ARGV[4], -1, SAFE), int(ARGV[5], -1, SAFE)
 local haskey = flag(ARGV[6])
 local cap, prepaid, est = int(ARGV[7], -1, SAFE), flag(ARGV[8]), int(ARGV[9], -1, SAFE)
 local lease = int(ARGV[10], 1, 86400000)
-local hasidem, instant = flag(ARGV[11]), flag(ARGV[12])
+local hasidem, instant, needsrc = flag(ARGV[11]), flag(ARGV[12]), flag(ARGV[13])
 if type(id) ~= 'string' or id == '' then return bad('id') end
 if rpm == nil then return bad('rpm') end
 if conc == nil then return bad('concurrency') end
@@ -93,7 +99,8 @@ if kconc == nil then return bad('key concurrency') end
 if cap == nil then return bad('cap') end
 if est == nil then return bad('estimate') end
 if lease == nil then return bad('lease') end
-if haskey == nil or prepaid == nil or hasidem == nil or instant == nil then return bad('flag') end
+if haskey == nil or prepaid == nil or hasidem == nil or instant == nil or needsrc == nil then return bad('flag') end
+if est >= 0 and unsourced(needsrc, KEYS[4]) then return {'restore', 0, 0} end
 
 expireLeases(KEYS[3], KEYS[4], KEYS[5])
 if haskey then redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now) end
@@ -186,14 +193,15 @@ return {'ok', 0, 0}
 
 /**
  * Turns a ticket's reservation into its charge; holds on to its slot and idempotency key.
- * KEYS: m r. ARGV: id cost prepaid. Returns the balance after (prepaid) or 0.
+ * KEYS: m r. ARGV: id cost prepaid needsrc. Returns the balance after (prepaid) or 0, or 'restore'.
  */
 export const SETTLE = `${PRELUDE}
 local id = ARGV[1]
-local cost, prepaid = int(ARGV[2], 0, SAFE), flag(ARGV[3])
+local cost, prepaid, needsrc = int(ARGV[2], 0, SAFE), flag(ARGV[3]), flag(ARGV[4])
 if type(id) ~= 'string' or id == '' then return bad('id') end
 if cost == nil then return bad('cost') end
-if prepaid == nil then return bad('flag') end
+if prepaid == nil or needsrc == nil then return bad('flag') end
+if cost > 0 and unsourced(needsrc, KEYS[1]) then return 'restore' end
 local amt = redis.call('HGET', KEYS[2], id)
 if amt then
   redis.call('HDEL', KEYS[2], id)
@@ -244,11 +252,14 @@ return 1
  * given only if the account never had it; `credited` holds the token of the attempt that gave
  * it, so a retry of that attempt (its first answer lost to a timeout) learns it was given and
  * records it. Mode 'id': an admin credit, applied once per credit (key c: its Idempotency-Key,
- * or its entry id); it does not touch `credited`. Returns {credited (1/0), balance}.
+ * or its entry id); it does not touch `credited`. Returns {credited (1/0), balance}, or
+ * 'restore'. ARGV[4]: needsrc.
  */
 export const CREDIT = `${PRELUDE}
-local amount = int(ARGV[1], 0, SAFE)
+local amount, needsrc = int(ARGV[1], 0, SAFE), flag(ARGV[4])
 if amount == nil then return bad('amount') end
+if needsrc == nil then return bad('flag') end
+if unsourced(needsrc, KEYS[1]) then return 'restore' end
 if ARGV[2] == 'once' then
   local token = ARGV[3]
   if type(token) ~= 'string' or token == '' then return bad('token') end
@@ -266,11 +277,32 @@ end
 return {1, add(KEYS[1], 'bal', amount)}
 `;
 
-/** KEYS: m s r. Returns {bal, spent today, resv, in flight, now}. */
+/** KEYS: m s r. ARGV: needsrc. Returns {bal, spent today, resv, in flight, now}, or 'restore'. */
 export const SNAPSHOT = `${PRELUDE}
+local needsrc = flag(ARGV[1])
+if needsrc == nil then return bad('flag') end
+if unsourced(needsrc, KEYS[1]) then return 'restore' end
 expireLeases(KEYS[2], KEYS[1], KEYS[3])
 local m = redis.call('HMGET', KEYS[1], 'day', 'spent', 'bal', 'resv')
 local spent = 0
 if num(m[1]) == day then spent = num(m[2]) end
 return {num(m[3]), spent, num(m[4]), redis.call('ZCARD', KEYS[2]), now}
+`;
+
+/**
+ * Sets an account's money from the shared ledger, unless another instance did first (src
+ * set): once, atomically. Reservations of calls in flight are kept. The day's spend counts
+ * only if it is Redis's today. KEYS: m. ARGV: bal day spent credited. Returns 1 if it set it.
+ */
+export const RESTORE = `${PRELUDE}
+local bal, d, spent, credited = int(ARGV[1], -SAFE, SAFE), int(ARGV[2], 0, SAFE), int(ARGV[3], 0, SAFE), flag(ARGV[4])
+if bal == nil then return bad('balance') end
+if d == nil then return bad('day') end
+if spent == nil then return bad('spent') end
+if credited == nil then return bad('flag') end
+if redis.call('HGET', KEYS[1], 'src') == '1' then return 0 end
+if d ~= day then spent = 0 end
+redis.call('HSET', KEYS[1], 'bal', string.format('%.0f', bal), 'day', day, 'spent', string.format('%.0f', spent), 'src', '1')
+if credited then redis.call('HSETNX', KEYS[1], 'credited', 'ledger') end
+return 1
 `;

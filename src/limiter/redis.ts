@@ -2,8 +2,9 @@ import { createHash, randomBytes } from 'node:crypto';
 import type { RedisClientType } from 'redis';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
+import type { AccountTotals } from '../ledger/types.js';
 import { checkAdmission, checkCost, checkCredit } from './guard.js';
-import { ADMIT, CREDIT, RELEASE, RENEW, SETTLE, SNAPSHOT } from './redis-scripts.js';
+import { ADMIT, CREDIT, RELEASE, RENEW, RESTORE, SETTLE, SNAPSHOT } from './redis-scripts.js';
 import {
   Rejection, type AccountLimits, type AccountSnapshot, type Decision, type InstantDecision, type KeyLimits, type Limiter,
   type RejectReason, type Settlement, type Ticket,
@@ -17,6 +18,12 @@ export interface RedisLimiterOptions {
   /** How long slots, reservations and idempotency keys outlive an instance that died. */
   leaseMs?: number;
   logger?: Logger;
+  /**
+   * With a shared ledger (PostgreSQL): an account's money as the ledger has it now. Redis then
+   * rebuilds an account's money from it when it does not have it (after a restart without
+   * persistence), once, before any script changes it.
+   */
+  money?: (accountId: string) => Promise<AccountTotals>;
 }
 
 class RedisTicket implements Ticket {
@@ -43,7 +50,7 @@ interface Script {
 const script = (source: string): Script => ({ source, sha: createHash('sha1').update(source).digest('hex') });
 const SCRIPTS = {
   admit: script(ADMIT), settle: script(SETTLE), release: script(RELEASE), renew: script(RENEW), credit: script(CREDIT),
-  snapshot: script(SNAPSHOT),
+  snapshot: script(SNAPSHOT), restore: script(RESTORE),
 };
 
 /** Loads the optional `redis` package only when the config asks for it. */
@@ -75,6 +82,11 @@ export class RedisLimiter implements Limiter {
   private counter = 0;
   private lastError = 0;
   readonly restoresFromLedger = false;
+  private readonly money: ((accountId: string) => Promise<AccountTotals>) | null;
+  /** '1' when money is read from a shared ledger (the scripts' needsrc flag). */
+  private readonly needsrc: '0' | '1';
+  /** Rebuilds under way, one per account. */
+  private readonly restoring = new Map<string, Promise<void>>();
 
   constructor(options: RedisLimiterOptions) {
     const { createClient } = loadRedis();
@@ -82,6 +94,8 @@ export class RedisLimiter implements Limiter {
     this.timeoutMs = options.timeoutMs;
     this.leaseMs = options.leaseMs ?? 30_000;
     this.logger = options.logger;
+    this.money = options.money ?? null;
+    this.needsrc = this.money === null ? '0' : '1';
     this.client = createClient({
       url: options.url,
       disableOfflineQueue: true, // never queue a decision behind an outage
@@ -143,7 +157,7 @@ export class RedisLimiter implements Limiter {
     if (t.settled || t.released) return Promise.resolve(NOTHING_SETTLED);
     t.settled = true;
     const a = this.tag(t.accountId);
-    return this.eval(SCRIPTS.settle, [`${a}:m`, `${a}:r`], [t.id, String(costMicro), t.prepaid ? '1' : '0'])
+    return this.withMoney(t.accountId, () => this.eval(SCRIPTS.settle, [`${a}:m`, `${a}:r`], [t.id, String(costMicro), t.prepaid ? '1' : '0', this.needsrc]))
       .then((balance) => ({ balanceAfterMicro: t.prepaid ? Number(balance) : null }));
   }
 
@@ -173,7 +187,7 @@ export class RedisLimiter implements Limiter {
       return Promise.reject(err);
     }
     const a = this.tag(accountId);
-    return this.eval(SCRIPTS.credit, [`${a}:m`, `${a}:c:${creditId}`], [String(amountMicro), 'id', ''])
+    return this.withMoney(accountId, () => this.eval(SCRIPTS.credit, [`${a}:m`, `${a}:c:${creditId}`], [String(amountMicro), 'id', '', this.needsrc]))
       .then((r) => Number((r as unknown[])[1]));
   }
 
@@ -184,13 +198,14 @@ export class RedisLimiter implements Limiter {
       return Promise.reject(err);
     }
     const a = this.tag(accountId);
-    return this.eval(SCRIPTS.credit, [`${a}:m`, `${a}:c:`], [String(amountMicro), 'once', attempt || randomBytes(8).toString('hex')])
+    const token = attempt || randomBytes(8).toString('hex');
+    return this.withMoney(accountId, () => this.eval(SCRIPTS.credit, [`${a}:m`, `${a}:c:`], [String(amountMicro), 'once', token, this.needsrc]))
       .then((r) => ((r as unknown[])[0] === 1 ? Number((r as unknown[])[1]) : null));
   }
 
   snapshot(account: AccountLimits): Promise<AccountSnapshot> {
     const a = this.tag(account.id);
-    return this.eval(SCRIPTS.snapshot, [`${a}:m`, `${a}:s`, `${a}:r`], []).then((r) => {
+    return this.withMoney(account.id, () => this.eval(SCRIPTS.snapshot, [`${a}:m`, `${a}:s`, `${a}:r`], [this.needsrc])).then((r) => {
       const [bal, spent, resv, inFlight, now] = (r as unknown[]).map(Number) as [number, number, number, number, number];
       return {
         balanceMicro: account.prepaid ? bal : null, spentTodayMicro: spent, reservedMicro: resv, inFlight,
@@ -233,12 +248,42 @@ export class RedisLimiter implements Limiter {
     const args = [
       id, n(account.rpm), n(account.concurrency), n(limited ? key.rpm : null), n(limited ? key.concurrency : null), limited ? '1' : '0',
       n(account.dailyCapMicro), account.prepaid ? '1' : '0', n(estimateMicro), String(this.leaseMs),
-      idempotencyKey !== null ? '1' : '0', instant ? '1' : '0',
+      idempotencyKey !== null ? '1' : '0', instant ? '1' : '0', this.needsrc,
     ];
-    return this.eval(SCRIPTS.admit, keys, args).then((r) => {
+    return this.withMoney(account.id, () => this.eval(SCRIPTS.admit, keys, args)).then((r) => {
       const [reason, wait, resetsAt] = r as [string, number, number];
       return reason === 'ok' ? null : new Rejection(reason as RejectReason, Number(wait), Number(resetsAt));
     });
+  }
+
+  /**
+   * Runs a script that reads or changes an account's money; when it answers 'restore' (Redis
+   * does not have the money, and a shared ledger does), rebuilds it from the ledger and runs
+   * the script again.
+   */
+  private withMoney(accountId: string, run: () => Promise<unknown>): Promise<unknown> {
+    if (this.money === null) return run();
+    return run().then((r) => (isRestore(r) ? this.restoreMoney(accountId).then(run) : r)).then((r) => {
+      if (isRestore(r)) throw new GatewayError('limiter_unavailable', { retryAfterS: 1 });
+      return r;
+    });
+  }
+
+  /** Reads the account's money from the ledger and gives it to Redis (which keeps the first it gets). */
+  private restoreMoney(accountId: string): Promise<void> {
+    let restoring = this.restoring.get(accountId);
+    if (restoring === undefined) {
+      restoring = this.money!(accountId).then((t) => this.eval(SCRIPTS.restore, [`${this.tag(accountId)}:m`], [
+        String(t.balanceMicro), String(t.day), String(t.spentMicro), t.credited ? '1' : '0',
+      ])).then((set) => {
+        if (set === 1) this.logger?.info('account money rebuilt from the ledger', { account_id: accountId });
+      }, (err: unknown) => {
+        this.warn('rebuilding an account\'s money from the ledger failed', err as Error);
+        throw new GatewayError('limiter_unavailable', { retryAfterS: 1 });
+      }).finally(() => this.restoring.delete(accountId));
+      this.restoring.set(accountId, restoring);
+    }
+    return restoring;
   }
 
   /**
@@ -285,4 +330,9 @@ export class RedisLimiter implements Limiter {
 
 function hasKeyLimits(key: KeyLimits): boolean {
   return key.rpm !== null || key.concurrency !== null;
+}
+
+/** A script's answer that the account's money must be read from the ledger first. */
+function isRestore(reply: unknown): boolean {
+  return reply === 'restore' || (Array.isArray(reply) && reply[0] === 'restore');
 }

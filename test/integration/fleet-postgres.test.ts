@@ -2,8 +2,10 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { createGateway, type EmbeddedGateway } from '../../src/create.js';
 import { Logger } from '../../src/log.js';
-import { chatBody, postJson, testConfig } from '../helpers/gateway.js';
+import { chatBody, postJson, testConfig, until } from '../helpers/gateway.js';
 import { dropSchema, freshSchema, noPostgres, PG_URL, sql } from '../helpers/postgres.js';
+import { hasRedis, RedisServer } from '../helpers/redis-server.js';
+import { spawnSync } from 'node:child_process';
 
 const ADMIN = 'admin-fleet-secret';
 
@@ -94,5 +96,69 @@ describe('a fleet on one PostgreSQL ledger', { skip: noPostgres }, () => {
       assert.ok(['key_a', 'key_b', 'key_c', 'key_fleet'].every((id) => ids.includes(id)), `${url}: ${ids.join(',')}`);
       assert.equal((await admin(url, 'GET', '/admin/v1/accounts/acct_new')).status, 200);
     }
+  });
+});
+
+describe('Redis and PostgreSQL: money Redis lost is rebuilt from the ledger', { skip: noPostgres || (hasRedis ? false : 'redis-server is not installed') }, () => {
+  const schema = freshSchema();
+  const redis = new RedisServer();
+  const started: EmbeddedGateway[] = [];
+  let config: Record<string, unknown>;
+  const instance = async () => {
+    const gw = await createGateway(config, { logger: new Logger(() => {}) });
+    started.push(gw);
+    return gw.listen(0, '127.0.0.1');
+  };
+  const balance = async (url: string) => {
+    const res = await fetch(`${url}/v1/balance`, { headers: { authorization: 'Bearer sk-alice' } });
+    assert.equal(res.status, 200);
+    const body = await res.json() as { balance: number; daily_spend: number };
+    return [body.balance, body.daily_spend];
+  };
+
+  before(async () => {
+    await redis.start();
+    config = testConfig({
+      limiter: { store: 'redis', url: redis.url, prefix: `${schema}:`, timeoutMs: 1000 },
+      ledger: { store: 'postgres', url: PG_URL, schema },
+      plans: { capped: { rpm: 100_000, concurrency: 10, dailyCapUsd: 0.01 } },
+      accounts: { acct_alice: { plan: 'capped', balanceUsd: 5 }, acct_bob: { plan: 'capped' } },
+      models: { 'paid-1': { provider: 'mock', price: { inputPerMillion: 10, outputPerMillion: 20 } } },
+      keys: { key_alice: { account: 'acct_alice', key: 'sk-alice' } },
+    });
+  });
+  after(async () => {
+    await Promise.all(started.map((g) => g.close()));
+    await redis.stop();
+    dropSchema(schema);
+  });
+
+  test('after FLUSHALL every instance sees the same balance and daily spend, the cap still holds, and no initial credit is given twice', async () => {
+    const one = await instance();
+    const two = await instance();
+    await until(async () => (await balance(one))[0] === 5, 3000, 'the initial credit (given at start, in the background)');
+    let calls = 0;
+    for (;;) {
+      const res = await postJson(`${[one, two][calls % 2]}/v1/chat/completions`, 'sk-alice', chatBody('paid-1', 'spend some money '.repeat(20)));
+      const text = await res.text();
+      if (res.status === 402 && text.includes('daily_cap_exceeded')) break;
+      assert.equal(res.status, 200, text);
+      calls++;
+    }
+    assert.ok(calls >= 2, `${calls} calls before the daily cap`);
+    const before = await balance(one);
+    assert.ok(before[0]! < 5 && before[1]! > 0, `spent: ${before.join(', ')}`);
+
+    assert.equal(spawnSync('redis-cli', ['-p', String(redis.port), 'FLUSHALL']).status, 0);
+    assert.deepEqual(await balance(two), before, 'rebuilt from PostgreSQL');
+    const refused = await postJson(`${one}/v1/chat/completions`, 'sk-alice', chatBody('paid-1', 'more'));
+    assert.equal(refused.status, 402, 'the daily cap still holds');
+    assert.equal(((await refused.json()) as { error: { code: string } }).error.code, 'daily_cap_exceeded');
+
+    // An instance starting now offers every prepaid account its initial credit: Redis knows from the ledger it was given.
+    assert.equal(spawnSync('redis-cli', ['-p', String(redis.port), 'FLUSHALL']).status, 0);
+    const three = await instance();
+    assert.deepEqual(await balance(three), before);
+    assert.equal(sql(`SELECT count(*) FROM "${schema}".entries WHERE type = 'credit' AND account_id = 'acct_alice'`), '1');
   });
 });
