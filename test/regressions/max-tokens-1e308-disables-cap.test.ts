@@ -115,8 +115,8 @@ if (hasRedis) {
       try {
         await client.flushAll();
         const keys = ['x{a}:wt', 'x{a}:wn', 'x{a}:s', 'x{a}:m', 'x{a}:r', 'x{a}:kwt:', 'x{a}:kwn:', 'x{a}:ks:', 'x{a}:i:z'];
-        const good = ['t1', '10', '10', '-1', '-1', '0', '1000', '0', '5', '30000', '1', '0'];
-        for (const [at, value] of [[8, '1e+308'], [8, '9007199254740993'], [8, '1.5'], [8, 'NaN'], [1, '1e9999'], [6, '-2'], [9, '0'], [10, 'yes']] as const) {
+        const good = ['t1', '10', '10', '-1', '-1', '0', '1000', '0', '5', '30000', '1', '0', '0'];
+        for (const [at, value] of [[8, '1e+308'], [8, '9007199254740993'], [8, '1.5'], [8, 'NaN'], [1, '1e9999'], [6, '-2'], [9, '0'], [10, 'yes'], [12, '2']] as const) {
           const args = [...good];
           args[at] = value;
           await assert.rejects(client.eval(ADMIT, { keys, arguments: args }), /invalid argument/, `argument ${at} = ${value}`);

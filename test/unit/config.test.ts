@@ -64,7 +64,7 @@ describe('config validation', () => {
       'providers.o.latencyMs: unknown key',
       'providers.o.apiKeyEnv: environment variable MISSING_VAR is not set',
       'limiter.url: is required when store is "redis"',
-      'ledger.store: must be "memory" or "file"',
+      'ledger.store: must be "memory", "file" or "postgres"',
     ];
     for (const prefix of expected) {
       assert.ok(errors.some((e) => e.startsWith(prefix)), `missing "${prefix}" in:\n${errors.join('\n')}`);
