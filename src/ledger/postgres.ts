@@ -68,6 +68,9 @@ export class PostgresLedger implements Ledger {
   private writing = false;
   private up = true;
   private retryTimer: NodeJS.Timeout | null = null;
+  private heartbeat: NodeJS.Timeout | null = null;
+  /** When the database last answered. */
+  private lastOk = Date.now();
   private closed = false;
   private readonly logger: Logger | undefined;
   private readonly retryMs: number;
@@ -88,13 +91,17 @@ export class PostgresLedger implements Ledger {
   /** Connects, creates or migrates the schema (once for the fleet: an advisory lock), reads the totals. */
   static async open(options: PostgresLedgerOptions): Promise<PostgresLedger> {
     const { Pool } = loadPg();
-    const pool = new Pool({ connectionString: options.url, max: options.poolSize ?? 4, connectionTimeoutMillis: 5000 });
-    // An idle connection that breaks (the server restarted) must not take the process with it.
-    pool.on('error', (err) => options.logger?.warn('postgres connection lost', { error: err.message }));
+    // A statement that hangs (a database that stopped answering) fails after query_timeout instead.
+    const pool = new Pool({ connectionString: options.url, max: options.poolSize ?? 4, connectionTimeoutMillis: 5000, query_timeout: 10_000 });
+    let ledger: PostgresLedger | null = null;
+    // An idle connection that breaks (the server went away) must not take the process with it;
+    // it says at once that the database is gone.
+    pool.on('error', (err) => ledger?.lost(err));
     try {
       await migrate(pool, options.schema);
-      const ledger = new PostgresLedger(pool, options.schema, options);
+      ledger = new PostgresLedger(pool, options.schema, options);
       await ledger.load();
+      ledger.startHeartbeat();
       return ledger;
     } catch (err) {
       await pool.end().catch(noop);
@@ -140,6 +147,32 @@ export class PostgresLedger implements Ledger {
     });
   }
 
+  /** The pool lost a connection: ask the database, and stop taking calls if it is gone. */
+  private lost(err: Error): void {
+    this.logger?.warn('postgres connection lost', { error: err.message });
+    if (this.up && !this.writing) this.beat();
+  }
+
+  /**
+   * Asks the database every `retryMs` while nothing is written: an outage shows in `ready()`
+   * (and turns calls away before they go upstream) without waiting for a charge to fail.
+   */
+  private startHeartbeat(): void {
+    this.heartbeat = setInterval(() => {
+      if (this.up && !this.writing && Date.now() - this.lastOk >= this.retryMs) this.beat();
+    }, this.retryMs);
+    this.heartbeat.unref();
+  }
+
+  private beat(): void {
+    this.pool.query('SELECT 1').then(() => { this.lastOk = Date.now(); }, (err: Error) => {
+      if (!this.up) return;
+      this.logger?.error('postgres ledger unavailable: model calls get 503 until it answers', { error: err.message });
+      this.up = false;
+      this.retryLater();
+    });
+  }
+
   /** One write at a time; everything appended meanwhile goes in the next (group commit). */
   private schedule(): void {
     if (this.writing || !this.up || this.queue.length === 0) return;
@@ -153,6 +186,7 @@ export class PostgresLedger implements Ledger {
     for (;;) {
       try {
         await this.insert(batch.map((p) => p.entry));
+        this.lastOk = Date.now();
         break;
       } catch (err) {
         if (RETRYABLE.has((err as { code?: string }).code ?? '') && ++tries < 5) continue;
@@ -199,6 +233,7 @@ export class PostgresLedger implements Ledger {
       return this.retryLater();
     }
     for (const p of batch) this.applyTotals(p.entry);
+    this.lastOk = Date.now();
     this.logger?.warn('postgres ledger available again', { backlog_written: batch.length });
     this.up = true;
     this.schedule();
@@ -334,6 +369,7 @@ export class PostgresLedger implements Ledger {
     if (this.queue.length > 0) this.logger?.error('postgres ledger closed with entries not recorded', { entries: this.queue.length });
     this.closed = true;
     if (this.retryTimer !== null) clearTimeout(this.retryTimer);
+    if (this.heartbeat !== null) clearInterval(this.heartbeat);
     await this.pool.end().catch(noop);
   }
 }

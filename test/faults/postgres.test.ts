@@ -1,0 +1,127 @@
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { createGateway, type EmbeddedGateway } from '../../src/create.js';
+import { Logger } from '../../src/log.js';
+import { rng } from '../helpers/fake-clock.js';
+import { FakeUpstream, json, openaiCompletion } from '../helpers/fake-upstream.js';
+import { chatBody, postJson, testConfig, until } from '../helpers/gateway.js';
+import { dropSchema, freshSchema, noPostgres, noPrivateCluster, PG_URL, PostgresServer, sql } from '../helpers/postgres.js';
+import { spawnListening } from '../helpers/spawn.js';
+
+const MAIN = join(__dirname, '..', '..', 'dist', 'main.js');
+
+describe('PostgreSQL away: 503 before going upstream, then back by itself', { skip: noPrivateCluster }, () => {
+  const pg = new PostgresServer();
+  const provider = new FakeUpstream();
+  let gw: EmbeddedGateway;
+  let url: string;
+  before(async () => {
+    await pg.start();
+    const base = await provider.start();
+    provider.fallback = (_req, res) => json(res, 200, openaiCompletion('ok'));
+    gw = await createGateway(testConfig({
+      ledger: { store: 'postgres', url: pg.url },
+      models: { 'paid-1': { provider: 'up', price: { inputPerMillion: 1, outputPerMillion: 2 } }, 'echo-1': { provider: 'up', price: 'free' } },
+      providers: { up: { protocol: 'openai', baseUrl: `${base}/v1` } },
+    }), { logger: new Logger(() => {}) });
+    url = await gw.listen(0, '127.0.0.1');
+  });
+  after(async () => {
+    await gw.close();
+    await provider.close();
+    await pg.remove();
+  });
+
+  const call = () => postJson(`${url}/v1/chat/completions`, 'sk-alice', chatBody('paid-1'));
+  const ready = async () => (await fetch(`${url}/readyz`)).status === 200;
+
+  test('calls are refused with ledger_unavailable and Retry-After while it is away; /v1/models keeps working; nothing is lost', async () => {
+    let res = await call();
+    assert.equal(res.status, 200);
+    await res.arrayBuffer();
+
+    pg.stop();
+    await until(async () => !(await ready()), 5000, '/readyz to say the ledger is away');
+    const body = await (await fetch(`${url}/readyz`)).json() as Record<string, unknown>;
+    assert.match(JSON.stringify(body), /ledger_unavailable/);
+    const hits = provider.hits;
+    res = await call();
+    assert.equal(res.status, 503);
+    assert.ok(Number(res.headers.get('retry-after')) >= 1);
+    assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'ledger_unavailable');
+    assert.equal(provider.hits, hits, 'nothing was sent upstream');
+    const models = await fetch(`${url}/v1/models`, { headers: { authorization: 'Bearer sk-alice' } });
+    assert.equal(models.status, 200);
+    await models.arrayBuffer();
+
+    await pg.start();
+    await until(ready, 10_000, 'the ledger to come back by itself');
+    res = await call();
+    assert.equal(res.status, 200);
+    await res.arrayBuffer();
+    assert.equal(sql('SELECT count(*) FROM model_gateway.entries WHERE type = \'charge\'', pg.url), '2', 'both answered calls are recorded, once');
+  });
+});
+
+describe('kill -9 of one of two instances on one PostgreSQL ledger, under load', { skip: noPostgres }, () => {
+  const schema = freshSchema();
+  after(() => dropSchema(schema));
+
+  test('every answer received whole is charged once; nothing is charged twice', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'mg-pg-crash-'));
+    const configFile = join(dir, 'config.json');
+    writeFileSync(configFile, JSON.stringify(testConfig({
+      ledger: { store: 'postgres', url: PG_URL, schema },
+      plans: { p: { rpm: 1_000_000, concurrency: 1000 } },
+      accounts: { acct_bob: { plan: 'p' } },
+      keys: { key_bob: { account: 'acct_bob', key: 'sk-bob' } },
+      providers: { mock: { protocol: 'mock', tokensPerSecond: 2000 }, slow: { protocol: 'mock' } },
+    })));
+    const start = () => spawnListening(process.execPath, [MAIN, '--config', configFile, '--port', '0']);
+    const r = rng(9);
+    const completed = new Set<string>();
+    const survivor = await start();
+    try {
+      for (let round = 0; round < 2; round++) {
+        const victim = await start();
+        let stop = false;
+        const worker = async (i: number) => {
+          const url = i % 2 === 0 ? victim.url : survivor.url;
+          while (!stop) {
+            try {
+              const stream = r() < 0.5;
+              const res = await postJson(`${url}/v1/chat/completions`, 'sk-bob', chatBody('paid-1', 'z'.repeat(40 + Math.floor(r() * 80)), { stream }));
+              const text = await res.text();
+              const whole = stream ? text.endsWith('data: [DONE]\n\n') : res.status === 200 && text.endsWith('}');
+              if (whole) completed.add(res.headers.get('x-request-id')!);
+            } catch {
+              // the instance died mid-request: that answer was not received whole
+            }
+          }
+        };
+        const workers = Array.from({ length: 8 }, (_, i) => worker(i));
+        await new Promise((resolve) => setTimeout(resolve, 400 + r() * 400));
+        victim.child.kill('SIGKILL');
+        await victim.exited;
+        stop = true;
+        await Promise.all(workers);
+      }
+    } finally {
+      survivor.child.kill('SIGTERM');
+      await survivor.exited;
+    }
+    assert.ok(completed.size > 20, `only ${completed.size} requests completed`);
+    const counts = new Map(sql(`SELECT request_id || ' ' || count(*) FROM "${schema}".entries WHERE type = 'charge' GROUP BY request_id`)
+      .split('\n').filter((l) => l !== '').map((l) => { const [id, n] = l.split(' '); return [id!, Number(n)]; }));
+    for (const id of completed) assert.equal(counts.get(id), 1, `request ${id} answered whole but charged ${counts.get(id) ?? 0} times`);
+    for (const [id, n] of counts) assert.equal(n, 1, `request ${id} charged ${n} times`);
+    // The rollup agrees with the entries it was built from, in the same transactions.
+    assert.equal(
+      sql(`SELECT sum(requests) || ' ' || sum(cost_micro) FROM "${schema}".usage_daily`),
+      sql(`SELECT count(*) || ' ' || -sum(amount_micro) FROM "${schema}".entries WHERE type <> 'credit'`),
+    );
+  });
+});
