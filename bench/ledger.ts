@@ -5,6 +5,11 @@
  *
  *   npm run build && node --import tsx bench/ledger.ts
  *     [--rounds 3] [--duration 5] [--connections 32] [--warmup 2] [--sync 300] [--concurrent 10000]
+ *     [--store file|postgres]
+ *
+ * `--store postgres` measures the PostgreSQL ledger instead of the file ledger (target 0.70x the
+ * memory ledger): a fresh schema in MG_BENCH_PG_URL (default: the machine's
+ * postgres://postgres@127.0.0.1:5432/test), dropped after; the checks count its entries table.
  *
  * 1. Starts dist/main.js twice as child processes on 127.0.0.1 (memory ledger; file ledger in a
  *    fresh temp dir), stdout and stderr to files (the access log never blocks the gateway).
@@ -32,12 +37,18 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'n
 import { cpus, loadavg, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
+import { spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { FileLedger } from '../src/ledger/file.js';
+import { PostgresLedger } from '../src/ledger/postgres.js';
 import type { LedgerEntry } from '../src/ledger/types.js';
 import { closedLoop, median, openSocket, sleep, startChild, stopChild, type Child } from './rawhttp.js';
 
 export const ROOT = resolve(__dirname, '..');
-const TARGET_RATIO = 0.8; // file-ledger req/s >= 0.80 x memory-ledger req/s
+/** Durable-ledger req/s as a share of the memory ledger's: file >= 0.80x, PostgreSQL >= 0.70x. */
+const TARGETS = { file: 0.8, postgres: 0.7 } as const;
+const PG_URL = process.env.MG_BENCH_PG_URL ?? 'postgres://postgres@127.0.0.1:5432/test';
+const psql = (sql: string) => spawnSync('psql', [PG_URL, '-Atqc', sql], { encoding: 'utf8' }).stdout.trim();
 const KEY = 'sk-bench';
 const PROMPT = 'hello there, bench';
 const BODY = JSON.stringify({ model: 'paid', messages: [{ role: 'user', content: PROMPT }] });
@@ -49,17 +60,27 @@ interface Flags {
   warmupS: number;
   sync: number;
   concurrent: number;
+  store: 'file' | 'postgres';
 }
 
 function parseFlags(argv: string[]): Flags {
-  const flags: Flags = { rounds: 3, durationS: 5, connections: 32, warmupS: 2, sync: 300, concurrent: 10_000 };
+  const flags: Flags = { rounds: 3, durationS: 5, connections: 32, warmupS: 2, sync: 300, concurrent: 10_000, store: 'file' };
   const names: Record<string, keyof Flags> = {
     '--rounds': 'rounds', '--duration': 'durationS', '--connections': 'connections', '--warmup': 'warmupS',
     '--sync': 'sync', '--concurrent': 'concurrent',
   };
   for (let i = 0; i < argv.length; i++) {
     const [name, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
-    const field = names[name];
+    if (name === '--store') {
+      const store = inline ?? argv[++i];
+      if (store !== 'file' && store !== 'postgres') {
+        process.stderr.write('--store must be file or postgres\n');
+        process.exit(2);
+      }
+      flags.store = store;
+      continue;
+    }
+    const field = names[name] as Exclude<keyof Flags, 'store'> | undefined;
     const value = Number(inline ?? argv[++i]);
     const fractional = field === 'durationS' || field === 'warmupS';
     if (field === undefined || !Number.isFinite(value) || value < (field === 'warmupS' ? 0 : 1) || value > 100_000 || (!fractional && !Number.isInteger(value))) {
@@ -101,19 +122,23 @@ export function journalStats(dir: string): { segments: number; bytes: number; li
 // ---------------------------------------------------------------------------------------------
 
 /**
- * The preload both gateways run with: keeps the FileLedger the gateway opens and prints its
- * group-commit counters to stderr on SIGUSR2. Plain CommonJS, written to the temp dir.
+ * The preload both gateways run with: keeps the durable ledger (file or PostgreSQL) the gateway
+ * opens and prints its group-commit counters to stderr on SIGUSR2. Plain CommonJS, written to
+ * the temp dir.
  */
 function probeSource(): string {
   const file = JSON.stringify(join(ROOT, 'dist', 'ledger', 'file.js'));
+  const postgres = JSON.stringify(join(ROOT, 'dist', 'ledger', 'postgres.js'));
   return `'use strict';
-const mod = require(${file});
 let ledger = null;
-const open = mod.FileLedger.open;
-mod.FileLedger.open = async function (...args) {
-  ledger = await open.apply(this, args);
-  return ledger;
-};
+for (const [path, name] of [[${file}, 'FileLedger'], [${postgres}, 'PostgresLedger']]) {
+  const mod = require(path);
+  const open = mod[name].open;
+  mod[name].open = async function (...args) {
+    ledger = await open.apply(this, args);
+    return ledger;
+  };
+}
 let n = 0;
 process.on('SIGUSR2', () => {
   const s = ledger === null ? null : ledger.stats;
@@ -310,7 +335,7 @@ export function sampleEntry(i: number, accountId: string, createdAt: number, bal
   return {
     id: `le_${i.toString(36).padStart(10, '0')}`, type: 'charge', accountId, keyId: 'key_bench', amountMicro: -7,
     balanceAfterMicro, createdAt, requestId: `req_${i.toString(36).padStart(8, '0')}`, model: 'paid',
-    inputTokens: 6, outputTokens: 5, estimated: false, note: null, idempotencyKey: null,
+    inputTokens: 6, outputTokens: 5, estimated: false, note: null, idempotencyKey: null, deployment: 'mock',
   };
 }
 
@@ -324,8 +349,8 @@ interface CommitCost {
   recordsPerCommit: number;
 }
 
-async function commitCost(dir: string, syncN: number, concurrentN: number): Promise<CommitCost> {
-  const ledger = await FileLedger.open(dir);
+async function commitCost(dir: string, syncN: number, concurrentN: number, store: Flags['store'], schema: string): Promise<CommitCost> {
+  const ledger = store === 'file' ? await FileLedger.open(dir) : await PostgresLedger.open({ url: PG_URL, schema });
   let i = 0;
   // Warm the file and the code path a little before timing.
   for (let w = 0; w < 20; w++) await ledger.append(sampleEntry(i++, 'acct_bench', Date.now(), null));
@@ -364,10 +389,17 @@ async function main(): Promise<number> {
   const flags = parseFlags(process.argv.slice(2));
   const dir = mkdtempSync(join(tmpdir(), 'mg-ledger-bench-'));
   const ledgerDir = join(dir, 'ledger');
+  const schema = `mg_bench_${randomBytes(4).toString('hex')}`;
+  const store = flags.store;
+  const target = TARGETS[store];
   const servers: Child[] = [];
+  const dropSchemas = () => {
+    if (store === 'postgres') for (const s of [schema, `${schema}_inproc`]) psql(`DROP SCHEMA IF EXISTS "${s}" CASCADE`);
+  };
   const cleanup = async () => {
     await Promise.all(servers.map((s) => stopChild(s.child, 10_000))); // the file ledger drains and closes
     rmSync(dir, { recursive: true, force: true });
+    dropSchemas();
   };
   // Everything stops by itself: a watchdog well past the planned time.
   const plannedS = 2 * (flags.warmupS + flags.rounds * flags.durationS) + 120;
@@ -375,6 +407,7 @@ async function main(): Promise<number> {
     process.stderr.write(`ledger bench: watchdog after ${plannedS} s, stopping\n`);
     for (const s of servers) s.child.kill('SIGKILL');
     rmSync(dir, { recursive: true, force: true });
+    dropSchemas();
     process.exit(1);
   }, plannedS * 1000);
   watchdog.unref();
@@ -395,17 +428,17 @@ async function main(): Promise<number> {
       providers: { mock: { protocol: 'mock' } },
     });
     writeFileSync(join(dir, 'memory.json'), JSON.stringify(config({ store: 'memory' })));
-    writeFileSync(join(dir, 'file.json'), JSON.stringify(config({ store: 'file', dir: ledgerDir })));
+    writeFileSync(join(dir, 'file.json'), JSON.stringify(config(store === 'file' ? { store: 'file', dir: ledgerDir } : { store: 'postgres', url: PG_URL, schema })));
     const memory = await startChild('memory', process.execPath, ['-r', probe, 'dist/main.js', '--config', join(dir, 'memory.json'), '--port', '0'], dir, { cwd: ROOT });
     servers.push(memory);
-    const file = await startChild('file', process.execPath, ['-r', probe, 'dist/main.js', '--config', join(dir, 'file.json'), '--port', '0'], dir, { cwd: ROOT });
+    const file = await startChild(store, process.execPath, ['-r', probe, 'dist/main.js', '--config', join(dir, 'file.json'), '--port', '0'], dir, { cwd: ROOT });
     servers.push(file);
 
     const cpu = cpus();
     process.stdout.write(
-      `POST /v1/chat/completions (billable mock model): memory ledger ${memory.url}, file ledger ${file.url} (${ledgerDir})\n` +
+      `POST /v1/chat/completions (billable mock model): memory ledger ${memory.url}, ${store} ledger ${file.url} (${store === 'file' ? ledgerDir : `schema ${schema}`})\n` +
       `node ${process.version}, ${cpu.length} cores (${cpu[0]?.model ?? '?'}), load average ${loadavg().map((x) => x.toFixed(2)).join(' ')}\n` +
-      `${flags.connections} connections, ${flags.rounds} rounds x [memory ${flags.durationS} s, file ${flags.durationS} s], warmup ${flags.warmupS} s each\n`,
+      `${flags.connections} connections, ${flags.rounds} rounds x [memory ${flags.durationS} s, ${store} ${flags.durationS} s], warmup ${flags.warmupS} s each\n`,
     );
 
     let ok = true;
@@ -421,7 +454,7 @@ async function main(): Promise<number> {
       }
     }
     if (!ok) return 1;
-    process.stdout.write(`first answer checked on both: 200 chat completion, ${checks.get('file')!.bodyBytes} body bytes\n`);
+    process.stdout.write(`first answer checked on both: 200 chat completion, ${checks.get(store)!.bodyBytes} body bytes\n`);
 
     const runOne = async (s: Child, durationS: number) => {
       const before = s === file ? await readProbe(s) : null;
@@ -450,7 +483,7 @@ async function main(): Promise<number> {
     if (flags.warmupS > 0) {
       process.stdout.write(`\nwarmup\n${HEADER}\n`);
       process.stdout.write(`${row('memory', await runOne(memory, flags.warmupS))}\n`);
-      process.stdout.write(`${row('file', await runOne(file, flags.warmupS))}\n`);
+      process.stdout.write(`${row(store.slice(0, 7), await runOne(file, flags.warmupS))}\n`);
     }
 
     const rounds: Round[] = [];
@@ -458,21 +491,21 @@ async function main(): Promise<number> {
       const m = await runOne(memory, flags.durationS);
       const f = await runOne(file, flags.durationS);
       rounds.push({ memory: m, file: f });
-      process.stdout.write(`\nround ${i + 1}: file/memory ${(f.rps / m.rps).toFixed(3)}x\n${HEADER}\n${row('memory', m)}\n${row('file', f)}\n`);
+      process.stdout.write(`\nround ${i + 1}: ${store}/memory ${(f.rps / m.rps).toFixed(3)}x\n${HEADER}\n${row('memory', m)}\n${row(store.slice(0, 7), f)}\n`);
     }
     const finalProbe = await readProbe(file);
 
     // Stop both (SIGTERM: the gateway drains and closes the ledger), then read the journal.
     await Promise.all(servers.map((s) => stopChild(s.child, 10_000))); // the file ledger drains and closes
-    const journal = journalStats(ledgerDir);
+    const journal = store === 'file' ? journalStats(ledgerDir) : { segments: 0, bytes: 0, lines: Number(psql(`SELECT count(*) FROM "${schema}".entries`)) };
     const expectedLines = file200 + 1; // every 200 is one charge, plus the account's one-time credit
     const journalOk = journal.lines === expectedLines;
     if (!journalOk) ok = false;
 
-    process.stdout.write('\nin-process FileLedger commit cost (gateways stopped)\n');
-    const cost = await commitCost(join(dir, 'inproc'), flags.sync, flags.concurrent);
+    process.stdout.write(`\nin-process ${store === 'file' ? 'FileLedger' : 'PostgresLedger'} commit cost (gateways stopped)\n`);
+    const cost = await commitCost(join(dir, 'inproc'), flags.sync, flags.concurrent, store, `${schema}_inproc`);
     process.stdout.write(
-      `  ${cost.syncAppends} sequential single appends: ${cost.syncCommits} commits, ${cost.msPerSyncCommit.toFixed(3)} ms per write+fdatasync commit\n` +
+      `  ${cost.syncAppends} sequential single appends: ${cost.syncCommits} commits, ${cost.msPerSyncCommit.toFixed(3)} ms per ${store === 'file' ? 'write+fdatasync' : 'INSERT'} commit\n` +
       `  ${int(cost.concurrentAppends)} concurrent appends: ${cost.concurrentCommits} commit(s), ${cost.recordsPerCommit.toFixed(0)} records per commit, ${cost.concurrentMs.toFixed(1)} ms in all\n`,
     );
 
@@ -495,9 +528,9 @@ async function main(): Promise<number> {
         `  ${'ledger'.padEnd(7)} ${'req/s'.padStart(8)} ${'p50 ms'.padStart(7)} ${'p99 ms'.padStart(7)} ${'cpu/req'.padStart(7)}  other/steal cpu\n` +
         ([['memory', summary.memory], ['file', summary.file]] as const).map(([name, x]) => `  ${name.padEnd(7)} ${int(x.rps).padStart(8)} ${x.p50Ms.toFixed(2).padStart(7)} ` +
           `${x.p99Ms.toFixed(2).padStart(7)} ${(x.cpuUsPerReq === null ? '?' : `${x.cpuUsPerReq.toFixed(1)}us`).padStart(7)}  ${x.otherCpu === null ? '?' : `${Math.round(x.otherCpu * 100)}%`}/${x.stealCpu === null ? '?' : `${Math.round(x.stealCpu * 100)}%`}\n`).join('') +
-        `  file/memory throughput ${ratio!.toFixed(3)}x (target >= ${TARGET_RATIO}: ${ratio! >= TARGET_RATIO ? 'met' : 'NOT met'}); ` +
+        `  ${store}/memory throughput ${ratio!.toFixed(3)}x (target >= ${target}: ${ratio! >= target ? 'met' : 'NOT met'}); ` +
         `paired per round ${pairedRatio!.toFixed(3)}x\n` +
-        `  file ledger under load: ${perCommit.length > 0 ? median(perCommit).toFixed(2) : '?'} records per group commit (median of rounds)` +
+        `  ${store} ledger under load: ${perCommit.length > 0 ? median(perCommit).toFixed(2) : '?'} records per group commit (median of rounds)` +
         `${finalProbe === null ? '' : `; whole run ${int(finalProbe.records)} records in ${int(finalProbe.commits)} commits`}\n`,
       );
     }
@@ -508,15 +541,15 @@ async function main(): Promise<number> {
         'those figures are disturbed; rerun when the machine and its host are quiet\n');
     }
     process.stdout.write(
-      `  journal: ${journal.segments} segment(s), ${int(journal.lines)} records, ${int(journal.bytes)} bytes; ` +
+      `  ${store === 'file' ? `journal: ${journal.segments} segment(s), ` : 'entries table: '}${int(journal.lines)} records${store === 'file' ? `, ${int(journal.bytes)} bytes` : ''}; ` +
       `expected ${int(expectedLines)} (200 answers + 1 credit): ${journalOk ? 'match' : 'MISMATCH'}\n`,
     );
     if (!ok) process.stdout.write('\nFAILED: an answer was not a correct 200, or the journal does not hold every charge (see above)\n');
     process.stdout.write(`${JSON.stringify({
-      bench: 'ledger: POST /v1/chat/completions, file vs memory ledger', ok, node: process.version, cores: cpu.length,
+      bench: `ledger: POST /v1/chat/completions, ${store} vs memory ledger`, ok, store, node: process.version, cores: cpu.length,
       date: new Date().toISOString(), connections: flags.connections, rounds: rounds.length, durationS: flags.durationS,
       medians: summary, ratio: ratio === null ? null : round3(ratio), pairedRatio: pairedRatio === null ? null : round3(pairedRatio),
-      ratioMet: ratio === null ? null : ratio >= TARGET_RATIO,
+      ratioMet: ratio === null ? null : ratio >= target,
       contendedRounds: contended,
       recordsPerCommitUnderLoad: perCommit.length > 0 ? round3(median(perCommit)) : null,
       wholeRun: finalProbe, journal: { ...journal, expected: expectedLines, match: journalOk },

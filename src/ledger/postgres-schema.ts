@@ -1,6 +1,6 @@
 /** What the ledger's tables are made with: the pg Pool's query, or one connection of it. */
 export interface Sql {
-  query(text: string, values?: unknown[]): Promise<{ rows: Array<Record<string, unknown>> }>;
+  query(text: string | { name: string; text: string; values: unknown[] }, values?: unknown[]): Promise<{ rows: Array<Record<string, unknown>> }>;
 }
 
 export interface Pool extends Sql {
@@ -14,8 +14,8 @@ export interface Pool extends Sql {
 export const MIGRATIONS: ReadonlyArray<(s: string) => string> = [
   (s) => `
     CREATE TABLE ${s}.entries (
-      seq bigserial PRIMARY KEY,
-      id text NOT NULL UNIQUE,
+      id text PRIMARY KEY,
+      seq bigserial NOT NULL,
       type text NOT NULL CHECK (type IN ('charge', 'credit', 'usage')),
       account_id text NOT NULL,
       key_id text,
@@ -32,7 +32,6 @@ export const MIGRATIONS: ReadonlyArray<(s: string) => string> = [
       idempotency_key text
     );
     CREATE INDEX entries_history ON ${s}.entries (account_id, seq DESC) WHERE type <> 'usage';
-    CREATE INDEX entries_request ON ${s}.entries (request_id);
     CREATE UNIQUE INDEX entries_credit_key ON ${s}.entries (account_id, idempotency_key) WHERE type = 'credit' AND idempotency_key IS NOT NULL;
     CREATE TABLE ${s}.usage_daily (
       account_id text NOT NULL,

@@ -43,6 +43,12 @@ interface Pending {
   reject: (err: Error) => void;
 }
 
+/**
+ * Statements written at once: while one commits (its WAL flush), the next is already inserting.
+ * Rows they share (an account's rollup and balance) are taken in the same order, so they wait for
+ * each other, never deadlock.
+ */
+const MAX_WRITES = 2;
 /** The most entries one statement carries (a tick's charges usually are far fewer). */
 const MAX_BATCH = 2000;
 /** Entries kept for the database while it is away; beyond, the oldest are logged and dropped. */
@@ -64,8 +70,11 @@ const COLUMNS = 'seq, id, type, account_id, key_id, amount_micro, balance_after_
  * waiters are refused (an answer whose charge cannot commit is not completed).
  */
 export class PostgresLedger implements Ledger {
+  /** Group commits made and the entries they carried (benchmarks). */
+  readonly stats = { commits: 0, records: 0 };
   private readonly queue: Pending[] = [];
-  private writing = false;
+  /** Statements under way (at most MAX_WRITES). */
+  private writing = 0;
   private up = true;
   private retryTimer: NodeJS.Timeout | null = null;
   private heartbeat: NodeJS.Timeout | null = null;
@@ -79,6 +88,9 @@ export class PostgresLedger implements Ledger {
   /** This instance's view of the admin credits of the last days (given again to a shared limiter at start). */
   private readonly credits: LedgerEntry[] = [];
   private readonly t: Record<'entries' | 'usage' | 'balances', string>;
+  /** The append statement (group commit), and its name as a prepared statement. */
+  private readonly appendSql: string;
+  private readonly appendName: string;
 
   /** The connections, shared with the admin state kept in the same database. */
   private constructor(readonly pool: PgPool, schema: string, options: PostgresLedgerOptions) {
@@ -86,6 +98,31 @@ export class PostgresLedger implements Ledger {
     this.retryMs = options.retryMs ?? 1000;
     const q = `"${schema}"`;
     this.t = { entries: `${q}.entries`, usage: `${q}.usage_daily`, balances: `${q}.balances` };
+    this.appendName = `mg-append-${schema}`;
+    this.appendSql = `
+      WITH ins AS (
+        INSERT INTO ${this.t.entries} (id, type, account_id, key_id, amount_micro, balance_after_micro, created_at, request_id, model,
+          deployment, input_tokens, output_tokens, estimated, note, idempotency_key)
+        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],
+          $9::text[], $10::text[], $11::bigint[], $12::bigint[], $13::boolean[], $14::text[], $15::text[])
+        ON CONFLICT DO NOTHING
+        RETURNING type, account_id, key_id, amount_micro, balance_after_micro, created_at, model, input_tokens, output_tokens
+      ), used AS (
+        INSERT INTO ${this.t.usage} AS u (account_id, day, model, key_id, requests, input_tokens, output_tokens, cost_micro)
+        SELECT account_id, (created_at / ${DAY_MS})::int, coalesce(model, ''), coalesce(key_id, ''), count(*), sum(input_tokens),
+          sum(output_tokens), -sum(amount_micro)
+        FROM ins WHERE type <> 'credit' GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
+        ON CONFLICT (account_id, day, model, key_id) DO UPDATE SET requests = u.requests + excluded.requests,
+          input_tokens = u.input_tokens + excluded.input_tokens, output_tokens = u.output_tokens + excluded.output_tokens,
+          cost_micro = u.cost_micro + excluded.cost_micro
+      ), money AS (
+        INSERT INTO ${this.t.balances} AS b (account_id, balance_micro, credited)
+        SELECT account_id, sum(CASE WHEN type = 'credit' OR balance_after_micro IS NOT NULL THEN amount_micro ELSE 0 END),
+          bool_or(type = 'credit')
+        FROM ins GROUP BY account_id ORDER BY account_id
+        ON CONFLICT (account_id) DO UPDATE SET balance_micro = b.balance_micro + excluded.balance_micro, credited = b.credited OR excluded.credited
+      )
+      SELECT count(*) AS n FROM ins`;
   }
 
   /** Connects, creates or migrates the schema (once for the fleet: an advisory lock), reads the totals. */
@@ -150,7 +187,7 @@ export class PostgresLedger implements Ledger {
   /** The pool lost a connection: ask the database, and stop taking calls if it is gone. */
   private lost(err: Error): void {
     this.logger?.warn('postgres connection lost', { error: err.message });
-    if (this.up && !this.writing) this.beat();
+    if (this.up && this.writing === 0) this.beat();
   }
 
   /**
@@ -159,7 +196,7 @@ export class PostgresLedger implements Ledger {
    */
   private startHeartbeat(): void {
     this.heartbeat = setInterval(() => {
-      if (this.up && !this.writing && Date.now() - this.lastOk >= this.retryMs) this.beat();
+      if (this.up && this.writing === 0 && Date.now() - this.lastOk >= this.retryMs) this.beat();
     }, this.retryMs);
     this.heartbeat.unref();
   }
@@ -175,13 +212,17 @@ export class PostgresLedger implements Ledger {
 
   /** One write at a time; everything appended meanwhile goes in the next (group commit). */
   private schedule(): void {
-    if (this.writing || !this.up || this.queue.length === 0) return;
-    this.writing = true;
+    if (this.writing >= MAX_WRITES || !this.up || this.queue.length === 0) return;
+    this.writing++;
     setImmediate(() => void this.flush());
   }
 
   private async flush(): Promise<void> {
     const batch = this.queue.splice(0, MAX_BATCH);
+    if (batch.length === 0) {
+      this.writing--;
+      return;
+    }
     let tries = 0;
     for (;;) {
       try {
@@ -190,7 +231,7 @@ export class PostgresLedger implements Ledger {
         break;
       } catch (err) {
         if (RETRYABLE.has((err as { code?: string }).code ?? '') && ++tries < 5) continue;
-        this.writing = false;
+        this.writing--;
         this.down(err as Error, batch);
         return;
       }
@@ -199,7 +240,7 @@ export class PostgresLedger implements Ledger {
       this.applyTotals(p.entry);
       p.resolve();
     }
-    this.writing = false;
+    this.writing--;
     this.schedule();
   }
 
@@ -245,6 +286,12 @@ export class PostgresLedger implements Ledger {
    * the same rollup rows never deadlock.
    */
   private async insert(entries: LedgerEntry[]): Promise<void> {
+    await this.statement(entries);
+    this.stats.commits++;
+    this.stats.records += entries.length;
+  }
+
+  private async statement(entries: LedgerEntry[]): Promise<void> {
     const cols: unknown[][] = Array.from({ length: 15 }, () => []);
     for (const e of entries) {
       const values = [
@@ -253,30 +300,8 @@ export class PostgresLedger implements Ledger {
       ];
       for (let i = 0; i < 15; i++) cols[i]!.push(values[i]);
     }
-    await this.pool.query(`
-      WITH ins AS (
-        INSERT INTO ${this.t.entries} (id, type, account_id, key_id, amount_micro, balance_after_micro, created_at, request_id, model,
-          deployment, input_tokens, output_tokens, estimated, note, idempotency_key)
-        SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],
-          $9::text[], $10::text[], $11::bigint[], $12::bigint[], $13::boolean[], $14::text[], $15::text[])
-        ON CONFLICT DO NOTHING
-        RETURNING type, account_id, key_id, amount_micro, balance_after_micro, created_at, model, input_tokens, output_tokens
-      ), used AS (
-        INSERT INTO ${this.t.usage} AS u (account_id, day, model, key_id, requests, input_tokens, output_tokens, cost_micro)
-        SELECT account_id, (created_at / ${DAY_MS})::int, coalesce(model, ''), coalesce(key_id, ''), count(*), sum(input_tokens),
-          sum(output_tokens), -sum(amount_micro)
-        FROM ins WHERE type <> 'credit' GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4
-        ON CONFLICT (account_id, day, model, key_id) DO UPDATE SET requests = u.requests + excluded.requests,
-          input_tokens = u.input_tokens + excluded.input_tokens, output_tokens = u.output_tokens + excluded.output_tokens,
-          cost_micro = u.cost_micro + excluded.cost_micro
-      ), money AS (
-        INSERT INTO ${this.t.balances} AS b (account_id, balance_micro, credited)
-        SELECT account_id, sum(CASE WHEN type = 'credit' OR balance_after_micro IS NOT NULL THEN amount_micro ELSE 0 END),
-          bool_or(type = 'credit')
-        FROM ins GROUP BY account_id ORDER BY account_id
-        ON CONFLICT (account_id) DO UPDATE SET balance_micro = b.balance_micro + excluded.balance_micro, credited = b.credited OR excluded.credited
-      )
-      SELECT count(*) AS n FROM ins`, cols);
+    // A named statement: each connection parses and plans it once.
+    await this.pool.query({ name: this.appendName, text: this.appendSql, values: cols });
   }
 
   /** Keeps `totals()` as the book would (it is read at start; this instance's own entries keep it current). */
@@ -365,7 +390,7 @@ export class PostgresLedger implements Ledger {
   /** Writes what is queued (waiting up to a few seconds for a database that is away), then disconnects. */
   async close(): Promise<void> {
     const until = Date.now() + 5000;
-    while ((this.queue.length > 0 || this.writing) && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+    while ((this.queue.length > 0 || this.writing > 0) && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
     if (this.queue.length > 0) this.logger?.error('postgres ledger closed with entries not recorded', { entries: this.queue.length });
     this.closed = true;
     if (this.retryTimer !== null) clearTimeout(this.retryTimer);
