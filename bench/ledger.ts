@@ -526,7 +526,7 @@ async function main(): Promise<number> {
       process.stdout.write(
         `\nsummary: medians of ${rounds.length} rounds, ${flags.connections} connections\n` +
         `  ${'ledger'.padEnd(7)} ${'req/s'.padStart(8)} ${'p50 ms'.padStart(7)} ${'p99 ms'.padStart(7)} ${'cpu/req'.padStart(7)}  other/steal cpu\n` +
-        ([['memory', summary.memory], ['file', summary.file]] as const).map(([name, x]) => `  ${name.padEnd(7)} ${int(x.rps).padStart(8)} ${x.p50Ms.toFixed(2).padStart(7)} ` +
+        ([['memory', summary.memory], [store, summary.file]] as const).map(([name, x]) => `  ${name.padEnd(7)} ${int(x.rps).padStart(8)} ${x.p50Ms.toFixed(2).padStart(7)} ` +
           `${x.p99Ms.toFixed(2).padStart(7)} ${(x.cpuUsPerReq === null ? '?' : `${x.cpuUsPerReq.toFixed(1)}us`).padStart(7)}  ${x.otherCpu === null ? '?' : `${Math.round(x.otherCpu * 100)}%`}/${x.stealCpu === null ? '?' : `${Math.round(x.stealCpu * 100)}%`}\n`).join('') +
         `  ${store}/memory throughput ${ratio!.toFixed(3)}x (target >= ${target}: ${ratio! >= target ? 'met' : 'NOT met'}); ` +
         `paired per round ${pairedRatio!.toFixed(3)}x\n` +
