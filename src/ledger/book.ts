@@ -20,6 +20,28 @@ export function dayString(day: number): string {
   return new Date(day * DAY_MS).toISOString().slice(0, 10);
 }
 
+/** Adds an entry to its account's totals: the balance, the latest day's spend, whether it was credited. */
+export function addToTotals(totals: Map<string, AccountTotals>, e: LedgerEntry): void {
+  const day = Math.floor(e.createdAt / DAY_MS);
+  let t = totals.get(e.accountId);
+  if (t === undefined) {
+    t = { balanceMicro: 0, day, spentMicro: 0, credited: false };
+    totals.set(e.accountId, t);
+  }
+  // The prepaid balance: a charge has a balance after it only when it was charged to one
+  // (a postpaid account's spend is invoiced, not taken from a later prepaid balance).
+  if (e.type === 'credit' || e.balanceAfterMicro !== null) t.balanceMicro += e.amountMicro;
+  if (e.type === 'credit') {
+    t.credited = true;
+    return;
+  }
+  if (day > t.day) {
+    t.day = day;
+    t.spentMicro = 0;
+  }
+  if (day === t.day) t.spentMicro -= e.amountMicro;
+}
+
 /**
  * The aggregates every ledger keeps in memory: balances, each account's spend on its latest
  * day (for the daily cap), and usage per day x model x key. Small, and what snapshots save.
@@ -36,25 +58,12 @@ export class LedgerBook {
   private readonly adminCredits = new Map<string, LedgerEntry>();
 
   apply(e: LedgerEntry): void {
-    const day = Math.floor(e.createdAt / DAY_MS);
-    let t = this.totals.get(e.accountId);
-    if (t === undefined) {
-      t = { balanceMicro: 0, day, spentMicro: 0, credited: false };
-      this.totals.set(e.accountId, t);
-    }
-    // The prepaid balance: a charge has a balance after it only when it was charged to one
-    // (a postpaid account's spend is invoiced, not taken from a later prepaid balance).
-    if (e.type === 'credit' || e.balanceAfterMicro !== null) t.balanceMicro += e.amountMicro;
+    addToTotals(this.totals, e);
     if (e.type === 'credit') {
-      t.credited = true;
       if (e.requestId !== null) this.rememberCredit(e); // an admin credit (the initial one has no request)
       return;
     }
-    if (day > t.day) {
-      t.day = day;
-      t.spentMicro = 0;
-    }
-    if (day === t.day) t.spentMicro -= e.amountMicro;
+    const day = Math.floor(e.createdAt / DAY_MS);
     const cell = this.cellOf(e.accountId, day, e.model, e.keyId);
     cell.requests++;
     cell.inputTokens += e.inputTokens;

@@ -1,7 +1,7 @@
 import { DAY_MS } from '../clock.js';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { groupUsage, type UsageCell } from './book.js';
+import { addToTotals, groupUsage, type UsageCell } from './book.js';
 import { migrate, type Pool } from './postgres-schema.js';
 import type { AccountTotals, GroupBy, HistoryPage, Ledger, LedgerEntry, UsageRow } from './types.js';
 
@@ -306,23 +306,8 @@ export class PostgresLedger implements Ledger {
 
   /** Keeps `totals()` as the book would (it is read at start; this instance's own entries keep it current). */
   private applyTotals(e: LedgerEntry): void {
-    const day = Math.floor(e.createdAt / DAY_MS);
-    let t = this.totalsByAccount.get(e.accountId);
-    if (t === undefined) {
-      t = { balanceMicro: 0, day, spentMicro: 0, credited: false };
-      this.totalsByAccount.set(e.accountId, t);
-    }
-    if (e.type === 'credit' || e.balanceAfterMicro !== null) t.balanceMicro += e.amountMicro;
-    if (e.type === 'credit') {
-      t.credited = true;
-      if (e.requestId !== null) this.credits.push(e);
-      return;
-    }
-    if (day > t.day) {
-      t.day = day;
-      t.spentMicro = 0;
-    }
-    if (day === t.day) t.spentMicro -= e.amountMicro;
+    addToTotals(this.totalsByAccount, e);
+    if (e.type === 'credit' && e.requestId !== null) this.credits.push(e);
   }
 
   totals(): ReadonlyMap<string, AccountTotals> {
