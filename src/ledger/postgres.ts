@@ -55,6 +55,8 @@ const MAX_BATCH = 2000;
 const MAX_BACKLOG = 200_000;
 /** Deadlock and serialisation failures: the statement did nothing, so it is simply sent again. */
 const RETRYABLE = new Set(['40P01', '40001']);
+/** Data exceptions and integrity violations: the entries, not the database, are the trouble. */
+const REFUSED = /^2[23]/;
 const noop = (): void => {};
 
 const COLUMNS = 'seq, id, type, account_id, key_id, amount_micro, balance_after_micro, created_at, request_id, model, deployment, input_tokens, output_tokens, estimated, note, idempotency_key';
@@ -210,7 +212,7 @@ export class PostgresLedger implements Ledger {
     });
   }
 
-  /** One write at a time; everything appended meanwhile goes in the next (group commit). */
+  /** At most MAX_WRITES statements at a time; everything appended meanwhile goes in the next (group commit). */
   private schedule(): void {
     if (this.writing >= MAX_WRITES || !this.up || this.queue.length === 0) return;
     this.writing++;
@@ -230,13 +232,40 @@ export class PostgresLedger implements Ledger {
         this.lastOk = Date.now();
         break;
       } catch (err) {
-        if (RETRYABLE.has((err as { code?: string }).code ?? '') && ++tries < 5) continue;
+        const code = (err as { code?: string }).code ?? '';
+        if (RETRYABLE.has(code) && ++tries < 5) continue;
         this.writing--;
+        // The database refused what it was given (classes 22, 23), not the connection: one bad
+        // entry must not hold up every other. Each is sent alone; one refused alone is logged whole.
+        if (REFUSED.test(code)) return void this.oneByOne(batch);
         this.down(err as Error, batch);
         return;
       }
     }
     for (const p of batch) {
+      this.applyTotals(p.entry);
+      p.resolve();
+    }
+    this.writing--;
+    this.schedule();
+  }
+
+  private async oneByOne(batch: Pending[]): Promise<void> {
+    this.writing++;
+    for (let i = 0; i < batch.length; i++) {
+      const p = batch[i]!;
+      try {
+        await this.insert([p.entry]);
+      } catch (err) {
+        const code = (err as { code?: string }).code ?? '';
+        if (!REFUSED.test(code)) {
+          this.writing--;
+          return this.down(err as Error, batch.slice(i));
+        }
+        this.logger?.error('postgres ledger refused an entry; it is not recorded', { error: (err as Error).message, entry: JSON.stringify(p.entry) });
+        p.reject(err as Error);
+        continue;
+      }
       this.applyTotals(p.entry);
       p.resolve();
     }

@@ -13,6 +13,9 @@ import { historyItem } from './account.js';
 
 type Body = Record<string, unknown>;
 
+/** An admin credit's note: what billing history shows (no control characters; PostgreSQL text cannot hold a NUL). */
+const NOTE = /^[^\u0000-\u001f\u007f]{0,1000}$/;
+
 function bad(param: string, message: string): GatewayError {
   return new GatewayError('invalid_request', { message, fields: { param } });
 }
@@ -219,7 +222,10 @@ export function registerAdminRoutes(router: Router<RouteHost>): void {
           if (!account.prepaid) throw bad('account', 'Credits apply to prepaid accounts only.');
           const amount = parseUsd(body.amountUsd);
           if (typeof amount === 'string' || amount <= 0) throw bad('amountUsd', '"amountUsd" must be an amount above 0.');
-          if (body.note !== undefined && typeof body.note !== 'string') throw bad('note', '"note" must be a string.');
+          // No control characters: a note is shown in billing history, and PostgreSQL text cannot hold a NUL.
+          if (body.note !== undefined && (typeof body.note !== 'string' || !NOTE.test(body.note))) {
+            throw bad('note', '"note" must be a string of at most 1000 characters without control characters.');
+          }
           const entry = await gw.credits.credit({
             account, amountMicro: amount, note: (body.note as string | undefined) ?? null,
             idempotencyKey: ctx.idempotencyKey ?? null, requestId: ctx.id,

@@ -150,6 +150,9 @@ describe('admin API', () => {
       assert.equal((await admin('GET', '/admin/v1/accounts/acct_new')).body!.balance, 12.5);
       assert.equal((await admin('POST', '/admin/v1/accounts/acct_bob/credits', { amountUsd: 1 })).status, 400);
       assert.equal((await admin('POST', '/admin/v1/accounts/acct_new/credits', { amountUsd: 0 })).status, 400);
+      for (const note of ['nul\u0000byte', 'line\nbreak', 'x'.repeat(1001), 7]) {
+        assert.equal((await admin('POST', '/admin/v1/accounts/acct_new/credits', { amountUsd: 1, note })).status, 400, JSON.stringify(note));
+      }
       assert.equal((await admin('POST', '/admin/v1/accounts/acct_none/credits', { amountUsd: 1 })).status, 404);
       // Replacing the account keeps it prepaid and keeps its balance.
       await admin('PUT', '/admin/v1/accounts/acct_new', { plan: 'free', prepaid: false });

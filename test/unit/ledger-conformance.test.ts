@@ -147,6 +147,22 @@ describe('postgres ledger', { skip: noPostgres }, () => {
     await again.close();
   });
 
+  test('an entry the database refuses (a NUL in a note) is logged and refused alone; the rest of its commit is recorded', async () => {
+    const schema = freshSchema();
+    schemas.push(schema);
+    const logs: string[] = [];
+    const ledger = await PostgresLedger.open({ url: PG_URL, schema, logger: new Logger((t) => logs.push(t)) });
+    const good = [entry('p', 1), entry('p', 2)];
+    const bad = entry('p', -5, { type: 'credit', model: null, keyId: null, deployment: null, note: 'nul\u0000', requestId: 'req_admin_x' });
+    const results = await Promise.allSettled([ledger.append(good[0]!), ledger.append(bad), ledger.append(good[1]!)]);
+    assert.deepEqual(results.map((r) => r.status), ['fulfilled', 'rejected', 'fulfilled']);
+    assert.equal(sql(`SELECT count(*) FROM "${schema}".entries`), '2');
+    assert.equal(ledger.ready(), true, 'still taking entries');
+    await ledger.append(entry('p', 3));
+    await ledger.close();
+    assert.match(logs.join(''), /refused an entry/);
+  });
+
   test('instances starting at once create the schema once (advisory lock); a newer schema is refused', async () => {
     const schema = freshSchema();
     schemas.push(schema);
