@@ -119,26 +119,37 @@ export async function startGateway(
   const ledger = await openLedger(config, logger);
   let limiter: Limiter | undefined;
   let cooldowns: Cooldowns | undefined;
-  if (config.limiter.store === 'redis') {
-    // With the PostgreSQL ledger, Redis rebuilds an account's money from it when it lost it.
-    const shared = ledger instanceof PostgresLedger ? ledger : null;
-    const redis = new RedisLimiter({ ...config.limiter, logger, ...(shared === null ? {} : { money: (id: string) => shared.accountTotals(id) }) });
-    // Start even if Redis is away (not ready, fail-closed); it is picked up when it answers.
-    await redis.whenReady(3000).catch(() => logger.warn('redis is not reachable yet; requests get 503 until it is'));
-    limiter = redis;
-    // Deployments cooling down are shared too (CONTRACT section 10); routing never waits for them.
-    const cooling = new RedisCooldowns({ url: config.limiter.url, prefix: config.limiter.prefix, clock: options.clock ?? systemClock, logger });
-    await cooling.whenReady(1000).catch(() => {});
-    cooldowns = cooling;
+  let adminStore: AdminStore | undefined;
+  // A start that fails half-way closes what it opened (an embedding process goes on).
+  const abandon = async (err: unknown): Promise<never> => {
+    for (const open of [adminStore, cooldowns, limiter, ledger]) await Promise.resolve(open?.close()).catch(() => {});
+    throw err;
+  };
+  let gateway: Gateway;
+  try {
+    if (config.limiter.store === 'redis') {
+      // With the PostgreSQL ledger, Redis rebuilds an account's money from it when it lost it.
+      const shared = ledger instanceof PostgresLedger ? ledger : null;
+      const redis = new RedisLimiter({ ...config.limiter, logger, ...(shared === null ? {} : { money: (id: string) => shared.accountMoney(id) }) });
+      // Start even if Redis is away (not ready, fail-closed); it is picked up when it answers.
+      await redis.whenReady(3000).catch(() => logger.warn('redis is not reachable yet; requests get 503 until it is'));
+      limiter = redis;
+      // Deployments cooling down are shared too (CONTRACT section 10); routing never waits for them.
+      const cooling = new RedisCooldowns({ url: config.limiter.url, prefix: config.limiter.prefix, clock: options.clock ?? systemClock, logger });
+      await cooling.whenReady(1000).catch(() => {});
+      cooldowns = cooling;
+    }
+    adminStore = await openAdminStore(config, ledger, logger);
+    gateway = new Gateway(config, {
+      logger, ledger, adminStore,
+      ...(limiter === undefined ? {} : { limiter }),
+      ...(cooldowns === undefined ? {} : { cooldowns }),
+      ...(options.adminKey ? { adminKey: options.adminKey } : {}),
+      ...(options.clock === undefined ? {} : { clock: options.clock }),
+    });
+  } catch (err) {
+    return abandon(err);
   }
-  const adminStore = await openAdminStore(config, ledger, logger);
-  const gateway = new Gateway(config, {
-    logger, ledger, adminStore,
-    ...(limiter === undefined ? {} : { limiter }),
-    ...(cooldowns === undefined ? {} : { cooldowns }),
-    ...(options.adminKey ? { adminKey: options.adminKey } : {}),
-    ...(options.clock === undefined ? {} : { clock: options.clock }),
-  });
   let server: Server | null = null;
   let closing: Promise<void> | null = null;
 

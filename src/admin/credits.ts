@@ -1,10 +1,12 @@
 import type { AccountEntry } from '../directory.js';
 import { GatewayError } from '../errors.js';
-import { creditEntry } from '../billing/entries.js';
+import { creditEntry, creditMarker } from '../billing/entries.js';
 import type { Ledger, LedgerEntry } from '../ledger/types.js';
 import type { Limiter } from '../limiter/types.js';
 import type { Logger } from '../log.js';
 import { addMicro } from '../money.js';
+import { DAY_MS } from '../clock.js';
+import { CREDIT_KEY_DAYS } from '../ledger/book.js';
 
 /** What a credit needs of the gateway. */
 export interface CreditContext {
@@ -50,16 +52,7 @@ export class Credits {
     // a local one nothing is awaited between this check and `making.set` below.)
     if (inProgress === undefined && earlier instanceof Promise) earlier = (await earlier) ?? this.making.get(slot);
     const entry = earlier === undefined ? undefined : await earlier;
-    if (entry !== undefined) {
-      if (entry.amountMicro !== request.amountMicro || entry.note !== request.note) {
-        throw new GatewayError('invalid_request', {
-          message: 'This Idempotency-Key was used for a different credit (amount or note).', fields: { param: 'Idempotency-Key' },
-        });
-      }
-      // A shared store may not have it yet (it was away when the credit was made): apply once.
-      if (!this.ctx.limiter.restoresFromLedger) await this.goLive(entry);
-      return entry;
-    }
+    if (entry !== undefined) return this.repeat(entry, request);
     const making = this.make(request);
     this.making.set(slot, making);
     try {
@@ -67,6 +60,20 @@ export class Credits {
     } finally {
       this.making.delete(slot);
     }
+  }
+
+  /** A credit asked again with its Idempotency-Key: the same one, answered with the credit it made. */
+  private async repeat(entry: LedgerEntry, request: CreditRequest): Promise<LedgerEntry> {
+    if (entry.amountMicro !== request.amountMicro || entry.note !== request.note) {
+      throw new GatewayError('invalid_request', {
+        message: 'This Idempotency-Key was used for a different credit (amount or note).', fields: { param: 'Idempotency-Key' },
+      });
+    }
+    // A shared store may not have it yet (it was away when the credit was made): apply once. Not
+    // past the days a shared store remembers applied credits: it would apply an old one again.
+    const recent = entry.createdAt >= this.ctx.now() - CREDIT_KEY_DAYS * DAY_MS;
+    if (recent && !this.ctx.limiter.restoresFromLedger) await this.goLive(entry);
+    return entry;
   }
 
   private async make(request: CreditRequest): Promise<LedgerEntry> {
@@ -81,6 +88,12 @@ export class Credits {
     } catch (err) {
       this.ctx.logger.error('credit not recorded: the ledger refused the write', { account_id: account.id, error: String(err) });
       throw new GatewayError('ledger_unavailable', { retryAfterS: 5 });
+    }
+    if (request.idempotencyKey !== null) {
+      // A shared ledger keeps one credit per key: another instance's, made at the same moment,
+      // may be the one it kept. Then that one is the answer, and the one applied.
+      const kept = await this.ctx.ledger.creditByKey(account.id, request.idempotencyKey);
+      if (kept !== undefined && kept.id !== entry.id) return this.repeat(kept, request);
     }
     try {
       await this.goLive(entry);
@@ -103,13 +116,12 @@ export class Credits {
   }
 
   /**
-   * A shared store applies each credit once by this id: its Idempotency-Key when it has one (so
-   * the same credit asked of two instances, each with its own ledger, raises the shared balance
-   * once), else its entry id.
+   * A shared store applies each credit once by its id (creditMarker): so the same credit asked
+   * of two instances, each with its own ledger, raises the shared balance once. A credit an
+   * older version applied under its bare entry id is not applied again.
    */
   private async goLive(entry: LedgerEntry): Promise<void> {
-    const creditId = entry.idempotencyKey !== null ? `k:${entry.idempotencyKey}` : `e:${entry.id}`;
-    await this.ctx.limiter.credit(entry.accountId, entry.amountMicro, creditId);
+    await this.ctx.limiter.credit(entry.accountId, entry.amountMicro, creditMarker(entry), entry.id);
   }
 
   private retryLive(entry: LedgerEntry): void {

@@ -3,7 +3,7 @@ import type { PgPool } from '../ledger/postgres.js';
 import { AdminConflict, AdminStore, emptyAdminState, fromJson, toJson, type AdminState } from './state.js';
 
 /** A connection that listens (the pg package's Client). */
-interface PgListener {
+export interface PgListener {
   connect(): Promise<unknown>;
   query(text: string): Promise<unknown>;
   on(event: 'notification', listener: (message: { channel: string; payload?: string }) => void): unknown;
@@ -75,6 +75,7 @@ export class PostgresAdminStore extends AdminStore {
 
   /** LISTENs on its own connection; when it breaks, connects again and reads the whole state. */
   private async listen(): Promise<void> {
+    if (this.closed) return;
     const listener = this.options.listener();
     listener.on('notification', (message) => {
       if (Number(message.payload) > this.version) this.changed?.();
@@ -87,8 +88,14 @@ export class PostgresAdminStore extends AdminStore {
     };
     listener.on('error', lost);
     listener.on('end', lost);
-    await listener.connect();
-    await listener.query(`LISTEN "${this.channel}"`);
+    try {
+      await listener.connect();
+      await listener.query(`LISTEN "${this.channel}"`);
+    } catch (err) {
+      await listener.end().catch(() => {}); // a connection that failed half-way is not kept
+      throw err;
+    }
+    if (this.closed) return void listener.end().catch(() => {}); // closed meanwhile
     this.listener = listener;
   }
 

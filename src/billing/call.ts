@@ -88,8 +88,11 @@ export class BilledCall implements Exchange {
     gw.inFlight++;
     // With a remote limiter the client may have gone while admission was awaited: then
     // 'close' has already fired, so settle and release now rather than wait for it.
-    if (res.closed) queueMicrotask(this.onClose);
-    else res.on('close', this.onClose); // emitted once
+    // `aborted` is set at once, so the caller sends nothing upstream for a client already gone.
+    if (res.closed) {
+      this.aborted = true;
+      queueMicrotask(this.onClose);
+    } else res.on('close', this.onClose); // emitted once
   }
 
   onAbort(stop: () => void): void {
@@ -275,17 +278,23 @@ export class BilledCall implements Exchange {
 
   /** The response is over: finished, or the client went away first. */
   private readonly onClose = (): void => {
-    this.clientRead();
-    if (!this.res.writableFinished) {
-      this.aborted = true;
-      for (const stop of this.stops) stop();
-      if (!this.res.headersSent) this.ctx.status = 499;
+    try {
+      this.clientRead();
+      if (!this.res.writableFinished) {
+        this.aborted = true;
+        for (const stop of this.stops) stop();
+        if (!this.res.headersSent) this.ctx.status = 499;
+      }
+      // A client gone before the provider had the request costs nothing; after, it is charged.
+      if (!this.settled) this.chargeAside(this.delivered ? this.abnormalUsage() : NO_USAGE, this.delivered);
+    } catch (err) {
+      this.gw.logger.error('internal error closing a call', { request_id: this.ctx.id, error: String((err as Error)?.stack ?? err) });
+    } finally {
+      // Whatever went wrong above, the slot and the idempotency key go back, once.
+      this.gw.limiter.release(this.ticket);
+      this.gw.inFlight--;
+      this.gw.done(this.ctx);
     }
-    // A client gone before the provider had the request costs nothing; after, it is charged.
-    if (!this.settled) this.chargeAside(this.delivered ? this.abnormalUsage() : NO_USAGE, this.delivered);
-    this.gw.limiter.release(this.ticket);
-    this.gw.inFlight--;
-    this.gw.done(this.ctx);
   };
 }
 

@@ -32,3 +32,11 @@ export function creditEntry(credit: {
     inputTokens: 0, outputTokens: 0, estimated: false, note: credit.note, idempotencyKey: credit.idempotencyKey, deployment: null,
   };
 }
+
+/**
+ * The name a shared limiter store applies an admin credit under: its Idempotency-Key when it
+ * has one, else its entry id.
+ */
+export function creditMarker(entry: Pick<LedgerEntry, 'id' | 'idempotencyKey'>): string {
+  return entry.idempotencyKey !== null ? `k:${entry.idempotencyKey}` : `e:${entry.id}`;
+}

@@ -36,7 +36,7 @@ const DEFAULT_BASE_URL: Record<Protocol, string> = {
 
 const HEX64 = /^[0-9a-f]{64}$/;
 /** A PostgreSQL schema name the gateway may quote into its statements. */
-const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,62}$/;
+const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,56}$/;
 
 /** `a.b.c`, with `["..."]` for segments that would not read well after a dot. */
 export function joinPath(base: string, segment: string | number): string {
@@ -232,7 +232,7 @@ function checkLedger(c: Checker, value: unknown, baseDir: string): LedgerConfig 
     onlyFor('file', ['dir']);
     if (o.url === undefined) c.fail('ledger.url', 'is required when store is "postgres"');
     const schema = c.string('ledger.schema', o.schema, 'model_gateway');
-    if (!SCHEMA_NAME.test(schema)) c.fail('ledger.schema', 'must be a lower-case SQL name: a letter or _, then letters, digits or _ (at most 63)');
+    if (!SCHEMA_NAME.test(schema)) c.fail('ledger.schema', 'must be a lower-case SQL name: a letter or _, then letters, digits or _ (at most 57: its NOTIFY channel adds "_admin" within the 63 PostgreSQL allows)');
     return { store: 'postgres', url: c.string('ledger.url', o.url, ''), schema };
   }
   if (o.store !== undefined && o.store !== 'file') {

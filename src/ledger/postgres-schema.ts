@@ -4,7 +4,7 @@ export interface Sql {
 }
 
 export interface Pool extends Sql {
-  connect(): Promise<Sql & { release(): void }>;
+  connect(): Promise<Sql & { release(err?: Error): void }>;
 }
 
 /**
@@ -63,6 +63,7 @@ export const MIGRATIONS: ReadonlyArray<(s: string) => string> = [
 export async function migrate(pool: Pool, schema: string): Promise<void> {
   const s = `"${schema}"`;
   const client = await pool.connect();
+  let failed: Error | undefined;
   try {
     await client.query('SELECT pg_advisory_lock(hashtext($1))', [`model-gateway:${schema}`]);
     try {
@@ -80,14 +81,18 @@ export async function migrate(pool: Pool, schema: string): Promise<void> {
           await client.query(`INSERT INTO ${s}.schema_version (version) VALUES ($1)`, [v]);
           await client.query('COMMIT');
         } catch (err) {
-          await client.query('ROLLBACK');
+          await client.query('ROLLBACK').catch(() => {}); // the error that matters is the migration's
           throw err;
         }
       }
     } finally {
-      await client.query('SELECT pg_advisory_unlock(hashtext($1))', [`model-gateway:${schema}`]);
+      // Never hides the migration's own error; a connection that broke is closed by its release.
+      await client.query('SELECT pg_advisory_unlock(hashtext($1))', [`model-gateway:${schema}`]).catch((err: Error) => { failed ??= err; });
     }
+  } catch (err) {
+    failed = err as Error;
+    throw err;
   } finally {
-    client.release();
+    client.release(failed);
   }
 }

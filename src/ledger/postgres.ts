@@ -1,7 +1,10 @@
 import { DAY_MS } from '../clock.js';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
-import { addToTotals, groupUsage, type UsageCell } from './book.js';
+import { creditMarker } from '../billing/entries.js';
+import type { LedgerMoney } from '../limiter/redis.js';
+import { addToTotals, CREDIT_KEY_DAYS, groupUsage, type UsageCell } from './book.js';
+import type { PgListener } from '../admin/postgres-state.js';
 import { migrate, type Pool } from './postgres-schema.js';
 import type { AccountTotals, GroupBy, HistoryPage, Ledger, LedgerEntry, UsageRow } from './types.js';
 
@@ -15,7 +18,7 @@ export interface PgPool extends Pool {
 export interface PgPackage {
   Pool: new (options: Record<string, unknown>) => PgPool;
   /** One connection of its own (what LISTEN needs). */
-  Client: new (options: Record<string, unknown>) => never;
+  Client: new (options: Record<string, unknown>) => PgListener;
 }
 
 /** Loads the optional `pg` package only when the config asks for it. */
@@ -108,7 +111,7 @@ export class PostgresLedger implements Ledger {
         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],
           $9::text[], $10::text[], $11::bigint[], $12::bigint[], $13::boolean[], $14::text[], $15::text[])
         ON CONFLICT DO NOTHING
-        RETURNING type, account_id, key_id, amount_micro, balance_after_micro, created_at, model, input_tokens, output_tokens
+        RETURNING id, type, account_id, key_id, amount_micro, balance_after_micro, created_at, model, input_tokens, output_tokens
       ), used AS (
         INSERT INTO ${this.t.usage} AS u (account_id, day, model, key_id, requests, input_tokens, output_tokens, cost_micro)
         SELECT account_id, (created_at / ${DAY_MS})::int, coalesce(model, ''), coalesce(key_id, ''), count(*), sum(input_tokens),
@@ -124,7 +127,7 @@ export class PostgresLedger implements Ledger {
         FROM ins GROUP BY account_id ORDER BY account_id
         ON CONFLICT (account_id) DO UPDATE SET balance_micro = b.balance_micro + excluded.balance_micro, credited = b.credited OR excluded.credited
       )
-      SELECT count(*) AS n FROM ins`;
+      SELECT id FROM ins`;
   }
 
   /** Connects, creates or migrates the schema (once for the fleet: an advisory lock), reads the totals. */
@@ -149,20 +152,8 @@ export class PostgresLedger implements Ledger {
   }
 
   private async load(): Promise<void> {
-    const { rows } = await this.pool.query(`
-      SELECT b.account_id, b.balance_micro, b.credited, d.day, d.cost
-      FROM ${this.t.balances} b
-      LEFT JOIN LATERAL (
-        SELECT day, sum(cost_micro) AS cost FROM ${this.t.usage} u WHERE u.account_id = b.account_id
-        GROUP BY day ORDER BY day DESC LIMIT 1
-      ) d ON true`);
-    for (const r of rows as Array<Record<string, string | boolean | null>>) {
-      this.totalsByAccount.set(r.account_id as string, {
-        balanceMicro: Number(r.balance_micro), credited: r.credited === true,
-        day: r.day === null ? 0 : Number(r.day), spentMicro: r.cost === null ? 0 : Number(r.cost),
-      });
-    }
-    const since = Date.now() - 7 * DAY_MS;
+    for (const [accountId, totals] of await this.moneyOf(null)) this.totalsByAccount.set(accountId, totals);
+    const since = Date.now() - CREDIT_KEY_DAYS * DAY_MS;
     const credits = await this.pool.query(
       `SELECT ${COLUMNS} FROM ${this.t.entries} WHERE type = 'credit' AND request_id IS NOT NULL AND created_at >= $1 ORDER BY seq`, [since]);
     for (const r of credits.rows) this.credits.push(entryOf(r as Row));
@@ -221,56 +212,45 @@ export class PostgresLedger implements Ledger {
 
   private async flush(): Promise<void> {
     const batch = this.queue.splice(0, MAX_BATCH);
-    if (batch.length === 0) {
-      this.writing--;
-      return;
-    }
-    let tries = 0;
-    for (;;) {
-      try {
-        await this.insert(batch.map((p) => p.entry));
-        this.lastOk = Date.now();
-        break;
-      } catch (err) {
-        const code = (err as { code?: string }).code ?? '';
-        if (RETRYABLE.has(code) && ++tries < 5) continue;
-        this.writing--;
-        // The database refused what it was given (classes 22, 23), not the connection: one bad
-        // entry must not hold up every other. Each is sent alone; one refused alone is logged whole.
-        if (REFUSED.test(code)) return void this.oneByOne(batch);
-        this.down(err as Error, batch);
-        return;
-      }
-    }
-    for (const p of batch) {
-      this.applyTotals(p.entry);
-      p.resolve();
-    }
+    const failed = batch.length === 0 ? null : await this.write(batch);
     this.writing--;
+    if (failed !== null) return this.down(failed.err, failed.rest);
     this.schedule();
   }
 
-  private async oneByOne(batch: Pending[]): Promise<void> {
-    this.writing++;
+  /**
+   * Writes a batch and answers its waiters; null when every entry is recorded (or refused),
+   * else the database's error and the entries not written. When the database refuses what it
+   * was given (classes 22, 23), not the connection, the entries are sent one at a time: one bad
+   * entry must not hold up the others; one refused alone is logged whole.
+   */
+  private async write(batch: Pending[]): Promise<{ err: Error; rest: Pending[] } | null> {
+    try {
+      this.written(batch, await this.insert(batch));
+      return null;
+    } catch (err) {
+      if (!REFUSED.test(codeOf(err))) return { err: err as Error, rest: batch };
+    }
     for (let i = 0; i < batch.length; i++) {
-      const p = batch[i]!;
+      const one = batch.slice(i, i + 1);
       try {
-        await this.insert([p.entry]);
+        this.written(one, await this.insert(one));
       } catch (err) {
-        const code = (err as { code?: string }).code ?? '';
-        if (!REFUSED.test(code)) {
-          this.writing--;
-          return this.down(err as Error, batch.slice(i));
-        }
-        this.logger?.error('postgres ledger refused an entry; it is not recorded', { error: (err as Error).message, entry: JSON.stringify(p.entry) });
-        p.reject(err as Error);
-        continue;
+        if (!REFUSED.test(codeOf(err))) return { err: err as Error, rest: batch.slice(i) };
+        this.logger?.error('postgres ledger refused an entry; it is not recorded', { error: (err as Error).message, entry: JSON.stringify(one[0]!.entry) });
+        one[0]!.reject(err as Error);
       }
-      this.applyTotals(p.entry);
+    }
+    return null;
+  }
+
+  /** A committed batch: the entries it inserted count in the totals (not those already there); every waiter is answered. */
+  private written(batch: Pending[], inserted: ReadonlySet<string>): void {
+    this.lastOk = Date.now();
+    for (const p of batch) {
+      if (inserted.has(p.entry.id)) this.applyTotals(p.entry);
       p.resolve();
     }
-    this.writing--;
-    this.schedule();
   }
 
   /** The database did not take a batch: not ready; the batch waits at the head of the queue, its waiters refused. */
@@ -295,15 +275,13 @@ export class PostgresLedger implements Ledger {
   /** Writes the backlog (or just asks, when there is none); ready again once it goes through. */
   private async retry(): Promise<void> {
     const batch = this.queue.splice(0, MAX_BATCH);
-    try {
-      if (batch.length > 0) await this.insert(batch.map((p) => p.entry));
-      else await this.pool.query('SELECT 1');
-    } catch {
-      this.queue.unshift(...batch);
+    let failed: { err: Error; rest: Pending[] } | null = null;
+    if (batch.length > 0) failed = await this.write(batch);
+    else await this.pool.query('SELECT 1').catch((err: Error) => { failed = { err, rest: [] }; });
+    if (failed !== null) {
+      this.queue.unshift(...(failed as { rest: Pending[] }).rest);
       return this.retryLater();
     }
-    for (const p of batch) this.applyTotals(p.entry);
-    this.lastOk = Date.now();
     this.logger?.warn('postgres ledger available again', { backlog_written: batch.length });
     this.up = true;
     this.schedule();
@@ -314,49 +292,73 @@ export class PostgresLedger implements Ledger {
    * the balances from exactly those. Rows are taken in a fixed order so two instances writing
    * the same rollup rows never deadlock.
    */
-  private async insert(entries: LedgerEntry[]): Promise<void> {
-    await this.statement(entries);
-    this.stats.commits++;
-    this.stats.records += entries.length;
-  }
-
-  private async statement(entries: LedgerEntry[]): Promise<void> {
+  private async insert(batch: Pending[]): Promise<Set<string>> {
     const cols: unknown[][] = Array.from({ length: 15 }, () => []);
-    for (const e of entries) {
+    for (const { entry: e } of batch) {
       const values = [
         e.id, e.type, e.accountId, e.keyId, e.amountMicro, e.balanceAfterMicro, e.createdAt, e.requestId, e.model, e.deployment,
         e.inputTokens, e.outputTokens, e.estimated, e.note, e.idempotencyKey,
       ];
       for (let i = 0; i < 15; i++) cols[i]!.push(values[i]);
     }
-    // A named statement: each connection parses and plans it once.
-    await this.pool.query({ name: this.appendName, text: this.appendSql, values: cols });
+    // A named statement: each connection parses and plans it once. Deadlocks and serialisation
+    // failures did nothing: the statement is sent again.
+    for (let tries = 1; ; tries++) {
+      try {
+        const { rows } = await this.pool.query({ name: this.appendName, text: this.appendSql, values: cols });
+        this.stats.commits++;
+        this.stats.records += batch.length;
+        return new Set(rows.map((r) => String(r.id)));
+      } catch (err) {
+        if (!RETRYABLE.has(codeOf(err)) || tries === 5) throw err;
+      }
+    }
   }
 
   /** Keeps `totals()` as the book would (it is read at start; this instance's own entries keep it current). */
   private applyTotals(e: LedgerEntry): void {
     addToTotals(this.totalsByAccount, e);
-    if (e.type === 'credit' && e.requestId !== null) this.credits.push(e);
+    if (e.type !== 'credit' || e.requestId === null) return;
+    this.credits.push(e);
+    const since = Date.now() - CREDIT_KEY_DAYS * DAY_MS;
+    while (this.credits.length > 0 && this.credits[0]!.createdAt < since) this.credits.shift(); // kept as long as they are given again
   }
 
   totals(): ReadonlyMap<string, AccountTotals> {
     return this.totalsByAccount;
   }
 
-  /** One account's money as the database has it now (a shared limiter store that lost it rebuilds it from this). */
-  async accountTotals(accountId: string): Promise<AccountTotals> {
+  /** Balances and the latest day's spend: of every account (null), or of one. */
+  private async moneyOf(accountId: string | null): Promise<Map<string, AccountTotals>> {
     const { rows } = await this.pool.query(`
-      SELECT b.balance_micro, b.credited, d.day, d.cost
-      FROM (SELECT 1) one
-      LEFT JOIN ${this.t.balances} b ON b.account_id = $1
+      SELECT b.account_id, b.balance_micro, b.credited, d.day, d.cost
+      FROM ${this.t.balances} b
       LEFT JOIN LATERAL (
-        SELECT day, sum(cost_micro) AS cost FROM ${this.t.usage} WHERE account_id = $1 GROUP BY day ORDER BY day DESC LIMIT 1
-      ) d ON true`, [accountId]);
-    const r = rows[0]!;
-    return {
-      balanceMicro: r.balance_micro == null ? 0 : Number(r.balance_micro), credited: r.credited === true,
-      day: r.day == null ? 0 : Number(r.day), spentMicro: r.cost == null ? 0 : Number(r.cost),
-    };
+        SELECT day, sum(cost_micro) AS cost FROM ${this.t.usage} u WHERE u.account_id = b.account_id
+        GROUP BY day ORDER BY day DESC LIMIT 1
+      ) d ON true
+      WHERE $1::text IS NULL OR b.account_id = $1`, [accountId]);
+    const out = new Map<string, AccountTotals>();
+    for (const r of rows) {
+      out.set(String(r.account_id), {
+        balanceMicro: Number(r.balance_micro), credited: r.credited === true,
+        day: r.day == null ? 0 : Number(r.day), spentMicro: r.cost == null ? 0 : Number(r.cost),
+      });
+    }
+    return out;
+  }
+
+  /**
+   * One account's money as the database has it now, and the markers of its recent admin credits
+   * (a shared limiter store that lost the account rebuilds it from this, credits marked applied).
+   */
+  async accountMoney(accountId: string): Promise<LedgerMoney> {
+    const totals = (await this.moneyOf(accountId)).get(accountId) ?? { balanceMicro: 0, day: 0, spentMicro: 0, credited: false };
+    const { rows } = await this.pool.query(
+      `SELECT id, idempotency_key FROM ${this.t.entries} WHERE account_id = $1 AND type = 'credit' AND request_id IS NOT NULL
+       AND created_at >= $2 ORDER BY seq DESC LIMIT 1000`, [accountId, Date.now() - (CREDIT_KEY_DAYS + 1) * DAY_MS]);
+    const creditIds = rows.map((r) => creditMarker({ id: String(r.id), idempotencyKey: r.idempotency_key == null ? null : String(r.idempotency_key) }));
+    return { ...totals, creditIds };
   }
 
   /** Keyset pagination on (account, seq): the cursor is the last entry's sequence number. */
@@ -393,7 +395,7 @@ export class PostgresLedger implements Ledger {
   }
 
   recentCredits(): Iterable<LedgerEntry> {
-    const since = Date.now() - 7 * DAY_MS;
+    const since = Date.now() - CREDIT_KEY_DAYS * DAY_MS;
     return this.credits.filter((e) => e.createdAt >= since);
   }
 
@@ -425,4 +427,10 @@ function entryOf(r: Row): LedgerEntry {
     outputTokens: num(r.output_tokens), estimated: r.estimated === true, note: text(r.note), idempotencyKey: text(r.idempotency_key),
     deployment: text(r.deployment),
   };
+}
+
+/** The SQLSTATE of a database error ('' for anything else). */
+function codeOf(err: unknown): string {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' ? code : '';
 }

@@ -237,6 +237,7 @@ return 1
 
 /** Extends the leases of a live ticket. KEYS: s ks i. ARGV: id lease haskey hasidem. */
 export const RENEW = `${PRELUDE}
+if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then return bad('id') end
 local lease = int(ARGV[2], 1, 86400000)
 local haskey, hasidem = flag(ARGV[3]), flag(ARGV[4])
 if lease == nil then return bad('lease') end
@@ -270,6 +271,8 @@ if ARGV[2] == 'once' then
   end
 elseif ARGV[2] == 'id' then
   -- Kept 8 days: longer than the ledger remembers credits to give again (7), whatever the clocks.
+  -- KEYS[3], when given: the name the same credit had before (its entry id), also 'applied'.
+  if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then return {0, num(redis.call('HGET', KEYS[1], 'bal'))} end
   if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', 691200000) then return {0, num(redis.call('HGET', KEYS[1], 'bal'))} end
 else
   return bad('mode')
@@ -292,7 +295,9 @@ return {num(m[3]), spent, num(m[4]), redis.call('ZCARD', KEYS[2]), now}
 /**
  * Sets an account's money from the shared ledger, unless another instance did first (src
  * set): once, atomically. Reservations of calls in flight are kept. The day's spend counts
- * only if it is Redis's today. KEYS: m. ARGV: bal day spent credited. Returns 1 if it set it.
+ * only if it is Redis's today. The admin credits the ledger already holds are marked applied
+ * (KEYS[2..]: their credit markers), so giving them again at start adds nothing. KEYS: m, markers.
+ * ARGV: bal day spent credited. Returns 1 if it set it.
  */
 export const RESTORE = `${PRELUDE}
 local bal, d, spent, credited = int(ARGV[1], -SAFE, SAFE), int(ARGV[2], 0, SAFE), int(ARGV[3], 0, SAFE), flag(ARGV[4])
@@ -304,5 +309,6 @@ if redis.call('HGET', KEYS[1], 'src') == '1' then return 0 end
 if d ~= day then spent = 0 end
 redis.call('HSET', KEYS[1], 'bal', string.format('%.0f', bal), 'day', day, 'spent', string.format('%.0f', spent), 'src', '1')
 if credited then redis.call('HSETNX', KEYS[1], 'credited', 'ledger') end
+for i = 2, #KEYS do redis.call('SET', KEYS[i], 1, 'NX', 'PX', 691200000) end
 return 1
 `;

@@ -23,7 +23,12 @@ export interface RedisLimiterOptions {
    * rebuilds an account's money from it when it does not have it (after a restart without
    * persistence), once, before any script changes it.
    */
-  money?: (accountId: string) => Promise<AccountTotals>;
+  money?: (accountId: string) => Promise<LedgerMoney>;
+}
+
+/** An account's money as a shared ledger has it, with the markers of the admin credits it holds (as `credit` names them). */
+export interface LedgerMoney extends AccountTotals {
+  creditIds: string[];
 }
 
 class RedisTicket implements Ticket {
@@ -82,7 +87,7 @@ export class RedisLimiter implements Limiter {
   private counter = 0;
   private lastError = 0;
   readonly restoresFromLedger = false;
-  private readonly money: ((accountId: string) => Promise<AccountTotals>) | null;
+  private readonly money: ((accountId: string) => Promise<LedgerMoney>) | null;
   /** '1' when money is read from a shared ledger (the scripts' needsrc flag). */
   private readonly needsrc: '0' | '1';
   /** Rebuilds under way, one per account. */
@@ -180,14 +185,16 @@ export class RedisLimiter implements Limiter {
     // Redis holds the shared money state itself.
   }
 
-  credit(accountId: string, amountMicro: number, creditId: string): Promise<number> {
+  credit(accountId: string, amountMicro: number, creditId: string, formerId?: string): Promise<number> {
     try {
       checkCredit(amountMicro);
     } catch (err) {
       return Promise.reject(err);
     }
     const a = this.tag(accountId);
-    return this.withMoney(accountId, () => this.eval(SCRIPTS.credit, [`${a}:m`, `${a}:c:${creditId}`], [String(amountMicro), 'id', '', this.needsrc]))
+    const keys = [`${a}:m`, `${a}:c:${creditId}`];
+    if (formerId !== undefined) keys.push(`${a}:c:${formerId}`);
+    return this.withMoney(accountId, () => this.eval(SCRIPTS.credit, keys, [String(amountMicro), 'id', '', this.needsrc]))
       .then((r) => Number((r as unknown[])[1]));
   }
 
@@ -273,7 +280,8 @@ export class RedisLimiter implements Limiter {
   private restoreMoney(accountId: string): Promise<void> {
     let restoring = this.restoring.get(accountId);
     if (restoring === undefined) {
-      restoring = this.money!(accountId).then((t) => this.eval(SCRIPTS.restore, [`${this.tag(accountId)}:m`], [
+      const a = this.tag(accountId);
+      restoring = this.money!(accountId).then((t) => this.eval(SCRIPTS.restore, [`${a}:m`, ...t.creditIds.map((id) => `${a}:c:${id}`)], [
         String(t.balanceMicro), String(t.day), String(t.spentMicro), t.credited ? '1' : '0',
       ])).then((set) => {
         if (set === 1) this.logger?.info('account money rebuilt from the ledger', { account_id: accountId });

@@ -110,10 +110,11 @@ export interface Limiter {
   restore(accountId: string, balanceMicro: number, day: number, spentMicro: number, credited: boolean): void;
   /**
    * Adds prepaid credit to an account, once per `creditId` (a shared store applies a retried
-   * credit once; the memory store's state is rebuilt from the ledger, so it needs none);
+   * credit once; the memory store's state is rebuilt from the ledger, so it needs none), or
+   * not at all when it was applied under `formerId` (the name an older version gave it);
    * resolves to the balance after.
    */
-  credit(accountId: string, amountMicro: number, creditId: string): MaybeAsync<number>;
+  credit(accountId: string, amountMicro: number, creditId: string, formerId?: string): MaybeAsync<number>;
   /**
    * The one-time initial credit of a prepaid account: given only if the account was never
    * credited (or restored) before; resolves to the balance after, or null when not given.

@@ -382,8 +382,14 @@ export class HttpProvider implements Provider {
             ex.upstreamFailed('garbage');
             return ex.fail('upstream_error', { message: 'The provider answered something that is not JSON.' });
           }
-          usage = wire.usage(json);
-          if (usage === null) ex.noteOutput(wire.outputChars(json)); // charged as an estimate
+          try {
+            usage = wire.usage(json);
+            if (usage === null) ex.noteOutput(wire.outputChars(json)); // charged as an estimate
+          } catch {
+            // Nested too deeply to walk: an answer the client cannot be given either.
+            ex.upstreamFailed('garbage');
+            return ex.fail('upstream_error', { message: 'The provider\'s answer could not be read.' });
+          }
         }
         ex.settle(usage, () => {
           passed.push('content-length', String(answer.length));
@@ -440,7 +446,14 @@ export class HttpProvider implements Provider {
         return cut(`the provider sent an event over ${MAX_EVENT_CHARS} characters`);
       }
       for (const event of events) {
-        const seen = watcher.see(event);
+        let seen: { forward: boolean; final: boolean };
+        try {
+          seen = watcher.see(event);
+        } catch {
+          // An event too deeply nested to look at (JSON.stringify's stack): cut, never crash.
+          res.destroy();
+          return cut('the provider sent an event the gateway cannot read');
+        }
         if (seen.final) {
           // The final event leaves only after the charge is settled. The rest of the provider's
           // answer is read and dropped (ended is set), so its socket returns to the pool.
@@ -461,8 +474,13 @@ export class HttpProvider implements Provider {
       if (ended) return;
       const rest = splitter.rest();
       if (rest !== '') {
-        const seen = watcher.see(rest);
-        if (seen.forward) ex.write(rest);
+        let forward = false;
+        try {
+          forward = watcher.see(rest).forward;
+        } catch {
+          return cut('the provider sent an event the gateway cannot read');
+        }
+        if (forward) ex.write(rest);
       }
       endWith('');
     });

@@ -94,30 +94,30 @@ function afterBody(
   // How the call reaches each deployment: as it is, or translated (src/translate/). A deployment
   // whose protocol cannot express it is left out; when none can, the first one's reason is the answer.
   const deployments = model.deployments;
-  const plans: Array<Plan | null> = [];
+  const plans = new Array<Plan | Refusal>(deployments.length);
   let excluded = 0;
-  let refusal: Refusal | null = null;
+  let usable = -1;
+  let usableCount = 0;
   let maxOutput = 0;
   for (let i = 0; i < deployments.length; i++) {
     const served = deployments[i]!.model;
     const protocol = served.provider.protocol;
-    let plan = plans.find((p, j) => p !== null && deployments[j]!.model.provider.protocol === protocol);
-    if (plan === undefined) {
-      const made = planFor(protocol, wire, call, served, inputTokens, ctx.id);
-      if ('refusal' in made) {
-        refusal ??= made.refusal;
-        excluded |= 1 << i;
-        plans.push(null);
-        continue;
-      }
-      plan = made;
+    // Deployments of one protocol take the request the same way: it is planned once per protocol.
+    let same = 0;
+    while (same < i && deployments[same]!.model.provider.protocol !== protocol) same++;
+    const plan = same < i ? plans[same]! : planFor(protocol, wire, call, served, inputTokens, ctx.id);
+    plans[i] = plan;
+    if ('message' in plan) {
+      excluded |= 1 << i;
+      continue;
     }
-    plans.push(plan!);
+    if (usableCount++ === 0) usable = i;
     // Reserve for what the provider may really produce (a `-thinking` model's raised limit).
-    maxOutput = Math.max(maxOutput, (plan!.translator === null ? wire : WIRES[plan!.translator.provider]).outputBudget(call, served));
+    maxOutput = Math.max(maxOutput, (plan.translator === null ? wire : WIRES[plan.translator.provider]).outputBudget(call, served));
   }
-  if (plans.every((p) => p === null)) {
-    return sendError(ctx, res, 'invalid_request', gw.done, { message: refusal!.message, fields: { param: refusal!.param } });
+  if (usableCount === 0) {
+    const refusal = plans[0] as Refusal;
+    return sendError(ctx, res, 'invalid_request', gw.done, { message: refusal.message, fields: { param: refusal.param } });
   }
   // A call whose charge could not be recorded must not reach the provider (which would bill it).
   if (!gw.ledger.ready()) return sendError(ctx, res, 'ledger_unavailable', gw.done, { retryAfterS: 1 });
@@ -130,8 +130,21 @@ function afterBody(
   const providers = gw.providers;
   gw.admit(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, estimate), (decision) => {
     const billed = new BilledCall(gw, ctx, req, res, endpoint, call, text, model, inputTokens, maxOutput, decision);
+    if (billed.aborted) return; // the client left while admission was awaited: its close gives everything back
+    // The usual case, one deployment taking the request as it is: no routing, nothing to allocate.
+    const only = usableCount === 1 ? deployments[usable]! : null;
+    if (only !== null && (plans[usable] as Plan).translated === null) {
+      billed.serve(only.model);
+      gw.metrics.attempt(only.model.provider.id);
+      try {
+        return providers.get(only.model.provider.id)!.handle(billed);
+      } catch (err) {
+        return billed.crash(err);
+      }
+    }
     const launch = (deployment: Deployment, index: number, ex: Exchange) => {
-      const plan = plans[index]!;
+      const plan = plans[index] as Plan;
+      gw.metrics.attempt(deployment.model.provider.id);
       try {
         ctx.dropped = plan.dropped; // the attempt that answers names what its translation left out
         if (plan.translated === null) return providers.get(deployment.model.provider.id)!.handle(ex);
@@ -143,7 +156,10 @@ function afterBody(
         billed.crash(err);
       }
     };
-    if (deployments.length === 1) return launch(deployments[0]!, 0, billed);
+    if (only !== null) {
+      billed.serve(only.model);
+      return launch(only, usable, billed); // one deployment can take it: its provider's own retries apply
+    }
     new RoutedCall(billed, deployments, excluded, gw.config.routing, gw, launch).start();
   });
 }
@@ -167,11 +183,11 @@ interface Refusal {
 /** The call as a provider of `protocol` takes it, or why it cannot (answered 400 before admission). */
 function planFor(
   protocol: Protocol, wire: WireProtocol, call: CallRequest, model: ModelEntry, inputTokens: number, requestId: string,
-): Plan | { refusal: Refusal } {
+): Plan | Refusal {
   if (protocol === 'mock' || supports(protocol, wire.endpoint)) return AS_IT_IS;
   const translator = translatorFor(wire.endpoint, protocol);
   if (translator === null) {
-    return { refusal: { message: `The model "${call.model}" is served over the ${protocol} protocol, which has no ${wire.path}; use ${servedPaths(protocol)}.`, param: 'model' } };
+    return { message: `The model "${call.model}" is served over the ${protocol} protocol, which has no ${wire.path}; use ${servedPaths(protocol)}.`, param: 'model' };
   }
   try {
     const translated = translator.request(call.body, {
@@ -180,7 +196,7 @@ function planFor(
     return { translator, translated, dropped: translated.dropped.length > 0 ? translated.dropped.join(',') : null };
   } catch (err) {
     if (!(err instanceof Untranslatable)) throw err;
-    return { refusal: { message: err.message, param: err.param } };
+    return { message: err.message, param: err.param };
   }
 }
 

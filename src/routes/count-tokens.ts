@@ -56,6 +56,9 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
       if (model === undefined) {
         return sendError(ctx, res, 'model_not_found', gw.done, { message: `The model "${String(b.model)}" does not exist or this key may not use it.` });
       }
+      // The provider as it is now: a reload while admission is awaited must not take it away.
+      const counter = countingModel(model, gw.cooldowns);
+      const provider = gw.providers.get(counter.provider.id)!;
       gw.admit(ctx, res, gw.limiter.admitInstant(counting(key.account), countingKey(key), null), () => {
         let stops: Array<() => void> = [];
         res.on('close', () => {
@@ -80,8 +83,7 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
           failWith: (code, spec, message) => sendErrorSpec(ctx, res, code, spec, gw.done, { message }),
           onAbort: (stop) => { stops.push(stop); },
         };
-        const counter = countingModel(model, gw.cooldowns);
-        gw.providers.get(counter.provider.id)!.countTokens(request);
+        provider.countTokens(request);
       });
     } catch (err) {
       gw.fault(ctx, res, err);

@@ -15,13 +15,16 @@ export interface Cooldowns {
   close(): void | Promise<void>;
 }
 
-/** Cooldowns of one process. Expired ones are forgotten as they are found. */
+/** Cooldowns of one process. Expired ones are forgotten as they are found, and all at once when the last ends. */
 export class MemoryCooldowns implements Cooldowns {
   protected readonly ends = new Map<string, number>();
+  /** When the last cooldown known ends: after it, none is left (so `active` drops to 0). */
+  private lastEnd = 0;
 
   constructor(protected readonly clock: Clock) {}
 
   get active(): number {
+    if (this.ends.size > 0 && this.clock.now() >= this.lastEnd) this.ends.clear();
     return this.ends.size;
   }
 
@@ -41,6 +44,7 @@ export class MemoryCooldowns implements Cooldowns {
   protected extend(key: string, end: number): boolean {
     if (end <= (this.ends.get(key) ?? 0)) return false;
     this.ends.set(key, end);
+    if (end > this.lastEnd) this.lastEnd = end;
     return true;
   }
 

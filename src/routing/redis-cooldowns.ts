@@ -7,13 +7,20 @@ import { MemoryCooldowns } from './cooldowns.js';
 
 /**
  * Sets the cooldown key unless it already lives longer, and then tells every instance:
- * KEYS[1] the key, KEYS[2] the channel; ARGV[1] the cooldown in ms, ARGV[2] the message.
+ * KEYS[1] the key; ARGV[1] the cooldown in whole ms, ARGV[2] the channel, ARGV[3] the message.
+ * Arguments are checked before the first write.
  */
 const START = `
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl >= tonumber(ARGV[1]) then return 0 end
-redis.call('SET', KEYS[1], '1', 'PX', ARGV[1])
-redis.call('PUBLISH', KEYS[2], ARGV[2])
+local ms = ARGV[1]
+if type(ms) ~= 'string' or not string.match(ms, '^%d+$') or #ms > 12 or tonumber(ms) < 1 then
+  return redis.error_reply('ERR model-gateway: invalid argument ms')
+end
+if type(ARGV[2]) ~= 'string' or ARGV[2] == '' or type(ARGV[3]) ~= 'string' then
+  return redis.error_reply('ERR model-gateway: invalid argument channel')
+end
+if redis.call('PTTL', KEYS[1]) >= tonumber(ms) then return 0 end
+redis.call('SET', KEYS[1], '1', 'PX', ms)
+redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1`;
 
 export interface RedisCooldownsOptions {
@@ -74,7 +81,8 @@ export class RedisCooldowns extends MemoryCooldowns {
   override start(key: string, ms: number): void {
     super.start(key, ms);
     if (!this.client.isReady) return;
-    this.client.eval(START, { keys: [this.keyPrefix + key, this.channel], arguments: [String(ms), `${this.instance} ${ms} ${key}`] })
+    const whole = String(Math.max(1, Math.ceil(ms)));
+    this.client.eval(START, { keys: [this.keyPrefix + key], arguments: [whole, this.channel, `${this.instance} ${whole} ${key}`] })
       .catch((err: Error) => this.warn('sharing a cooldown failed', err));
   }
 
@@ -93,10 +101,12 @@ export class RedisCooldowns extends MemoryCooldowns {
     do {
       const [next, keys] = (await this.client.sendCommand(['SCAN', cursor, 'MATCH', `${this.keyPrefix}*`, 'COUNT', '1000'])) as [string, string[]];
       cursor = next;
-      for (const key of keys) {
-        const ttl = Number(await this.client.sendCommand(['PTTL', key]));
+      // Sent together: the client pipelines the commands of one tick.
+      const ttls = await Promise.all(keys.map((key) => this.client.sendCommand(['PTTL', key])));
+      keys.forEach((key, i) => {
+        const ttl = Number(ttls[i]);
         if (ttl > 0) this.extend(key.slice(this.keyPrefix.length), this.clock.now() + ttl);
-      }
+      });
     } while (cursor !== '0');
   }
 

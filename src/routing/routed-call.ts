@@ -85,7 +85,6 @@ export class RoutedCall extends WrappedExchange {
     this.failure = null;
     this.retryAfterMs = null;
     this.billed.serve(d.model);
-    this.host.metrics.attempt(d.model.provider.id);
     this.launch(d, i, this);
     return true;
   }
@@ -97,7 +96,8 @@ export class RoutedCall extends WrappedExchange {
     if (kind === null || !FAILOVER_KINDS.has(kind) || this.inner.aborted || this.inner.res.headersSent) return false;
     const d = this.deployment!;
     const provider = d.model.provider.id;
-    const ms = Math.max(this.routing.cooldownMs, Math.min(this.retryAfterMs ?? 0, MAX_RETRY_AFTER_MS));
+    // Whole milliseconds (a `retry-after-ms` may have a fraction; Redis keeps TTLs in whole ms).
+    const ms = Math.ceil(Math.max(this.routing.cooldownMs, Math.min(this.retryAfterMs ?? 0, MAX_RETRY_AFTER_MS)));
     if (ms > 0) {
       this.host.cooldowns.start(d.key, ms);
       this.host.metrics.cooldown(provider);

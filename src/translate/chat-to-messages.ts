@@ -1,7 +1,7 @@
 import { isObj } from '../protocols/common.js';
 import { eventData } from '../providers/sse.js';
 import {
-  argumentsObject, checkKnown, dataEvent, dataUrl, eventObject, refuse, textOf, toolId, toolName,
+  argumentsObject, checkKnown, dataEvent, dataUrl, eventObject, lookup, refuse, StreamEnded, textOf, toolId, toolName,
 } from './common.js';
 import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
@@ -176,7 +176,7 @@ function answer(json: Record<string, unknown>, call: Translation): Record<string
   if (toolCalls.length > 0) message.tool_calls = toolCalls;
   return {
     id: `chatcmpl-${String(json.id)}`, object: 'chat.completion', created: call.created, model: call.model,
-    choices: [{ index: 0, message, logprobs: null, finish_reason: FINISH[String(json.stop_reason)] ?? 'stop' }],
+    choices: [{ index: 0, message, logprobs: null, finish_reason: lookup(FINISH, json.stop_reason) ?? 'stop' }],
     usage: chatUsage(isObj(json.usage) ? json.usage : {}),
   };
 }
@@ -199,7 +199,10 @@ function stream(call: Translation): (event: string | null) => string {
     return `${tail}data: [DONE]\n\n`;
   };
   return (event) => {
-    if (event === null) return finish();
+    if (event === null) {
+      if (!done) throw new StreamEnded();
+      return '';
+    }
     const msg = done ? null : eventObject(eventData(event));
     if (msg === null) return '';
     switch (msg.type) {
@@ -232,7 +235,7 @@ function stream(call: Translation): (event: string | null) => string {
       case 'message_delta': {
         if (isObj(msg.usage)) usage = { ...usage, ...msg.usage };
         const delta = isObj(msg.delta) ? msg.delta : {};
-        return chunk({}, FINISH[String(delta.stop_reason)] ?? 'stop');
+        return chunk({}, lookup(FINISH, delta.stop_reason) ?? 'stop');
       }
       case 'message_stop':
         return finish();

@@ -112,3 +112,22 @@ export function checkKnown(body: Record<string, unknown>, known: ReadonlySet<str
     if (!known.has(field)) refuse(field, `"${field}" has no equivalent in the ${target} protocol of this model's provider.`);
   }
 }
+
+/**
+ * `table[key]` for a key from a request or a provider: only the table's own entries (a key
+ * such as "__proto__" or "constructor" finds nothing), undefined for anything else.
+ */
+export function lookup<T>(table: Readonly<Record<string, T>>, key: unknown): T | undefined {
+  return typeof key === 'string' && Object.hasOwn(table, key) ? table[key] : undefined;
+}
+
+/**
+ * The provider's stream ended without its final event: the client must not be shown a finished
+ * answer made up at the end (the translated call cuts it instead, as a passthrough one breaks off).
+ */
+export class StreamEnded extends Error {
+  constructor() {
+    super('the provider\'s stream ended before its final event');
+    this.name = 'StreamEnded';
+  }
+}

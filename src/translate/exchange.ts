@@ -1,6 +1,7 @@
 import type { Endpoint } from '../protocols/types.js';
 import type { Exchange } from '../providers/types.js';
 import { WrappedExchange } from '../providers/wrapped-exchange.js';
+import { StreamEnded } from './common.js';
 import type { TranslatedRequest, Translation, Translator } from './types.js';
 
 /**
@@ -79,8 +80,8 @@ export class TranslatedCall extends WrappedExchange {
       }
       if (start < chunk.length) out += transduce(`${chunk.slice(start)}\n\n`);
       if (last) out += transduce(null);
-    } catch {
-      this.inner.cut('the provider\'s stream could not be translated');
+    } catch (err) {
+      this.inner.cut(err instanceof StreamEnded ? err.message : 'the provider\'s stream could not be translated');
       return null;
     }
     return out;

@@ -1,6 +1,6 @@
 import { isObj } from '../protocols/common.js';
 import { eventData } from '../providers/sse.js';
-import { answerArguments, checkKnown, eventObject, refuse, textOf, toolId, toolName } from './common.js';
+import { answerArguments, checkKnown, eventObject, lookup, refuse, StreamEnded, textOf, toolId, toolName } from './common.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
 /**
@@ -28,7 +28,7 @@ const STOP: Record<string, string> = { stop: 'end_turn', length: 'max_tokens', t
  * finish a turn that calls tools with "stop": it is still a tool_use turn for an Anthropic client.
  */
 function stopReason(finish: unknown, calledTools: boolean): string {
-  const reason = STOP[String(finish)] ?? 'end_turn';
+  const reason = lookup(STOP, finish) ?? 'end_turn';
   return reason === 'end_turn' && calledTools ? 'tool_use' : reason;
 }
 
@@ -249,7 +249,11 @@ function stream(call: Translation): (event: string | null) => string {
     return `${out}${event('message_delta', { delta: { stop_reason: stopReason(finishReason, calledTools), stop_sequence: null }, usage: u })}${event('message_stop', {})}`;
   };
   return (ev) => {
-    if (ev === null) return finish();
+    // A provider that said why it stopped but sent no usage chunk or [DONE] (some compatible servers) has finished.
+    if (ev === null) {
+      if (!finished && finishReason === null) throw new StreamEnded();
+      return finish();
+    }
     if (finished) return '';
     const data = eventData(ev);
     if (data === '[DONE]') return finish();

@@ -1,6 +1,6 @@
 import { isObj } from '../protocols/common.js';
 import { eventData } from '../providers/sse.js';
-import { argumentsObject, checkKnown, dataUrl, eventObject, refuse, textOf, toolId, toolName } from './common.js';
+import { argumentsObject, checkKnown, dataUrl, eventObject, refuse, StreamEnded, textOf, toolId, toolName } from './common.js';
 import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
@@ -240,7 +240,10 @@ function stream(call: Translation): (event: string | null) => string {
     return start() + emit(`response.${status}`, { response: responseObject(call, id, status, output, responsesUsage(usage)) });
   };
   return (ev) => {
-    if (ev === null) return finish();
+    if (ev === null) {
+      if (!done) throw new StreamEnded();
+      return '';
+    }
     const msg = done ? null : eventObject(eventData(ev));
     if (msg === null) return '';
     switch (msg.type) {

@@ -1,5 +1,5 @@
 import { isObj } from '../protocols/common.js';
-import { refuse, toolName } from './common.js';
+import { lookup, refuse, toolName } from './common.js';
 
 /** What the OpenAI-style requests (Chat, Responses) share on their way to Anthropic's Messages. */
 
@@ -59,7 +59,7 @@ const EFFORT_BUDGET: Record<string, number> = { low: 1024, medium: 4096, high: 1
 /** A reasoning effort as extended thinking; 'none' and 'minimal' (and no effort) leave it off. */
 export function thinking(effort: unknown, param: string, out: Record<string, unknown>): void {
   if (effort === undefined || effort === null || effort === 'none' || effort === 'minimal') return;
-  const budget = typeof effort === 'string' ? EFFORT_BUDGET[effort] : undefined;
+  const budget = lookup(EFFORT_BUDGET, effort);
   if (budget === undefined) refuse(param, `"${param}" ${JSON.stringify(effort)} is not one of none, minimal, low, medium, high, xhigh.`);
   const maxTokens = out.max_tokens as number;
   if (maxTokens <= 1024) refuse(param, `"${param}" needs an output limit above 1024 tokens on this model's provider.`);

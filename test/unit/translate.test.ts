@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { eventData, SseSplitter } from '../../src/providers/sse.js';
 import { chatToMessages } from '../../src/translate/chat-to-messages.js';
-import { Untranslatable } from '../../src/translate/common.js';
+import { StreamEnded, Untranslatable } from '../../src/translate/common.js';
 import { messagesToChat } from '../../src/translate/messages-to-chat.js';
 import { responsesToMessages } from '../../src/translate/responses-to-messages.js';
 import type { CallFacts, Translation, Translator } from '../../src/translate/types.js';
@@ -275,14 +275,25 @@ describe('Anthropic client -> OpenAI provider', () => {
     assert.deepEqual(delta.usage, { input_tokens: 176, output_tokens: 58, cache_read_input_tokens: 1024, cache_creation_input_tokens: 0 });
   });
 
-  test('stream: a provider error mid-stream is an Anthropic error event; a stream that ends without [DONE] is still closed', () => {
+  test('stream: a provider error mid-stream is an Anthropic error event; a stream that said why it stopped is closed without [DONE]; one that did not is broken off, never shown finished', () => {
     const body = { model: 'gw-model', max_tokens: 10, messages: [{ role: 'user', content: 'x' }], stream: true };
     const t = messagesToChat.stream(translation(messagesToChat, body));
     const out = t('data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n') + t('data: {"error":{"message":"server overloaded"}}\n\n');
     assert.deepEqual(json(out).map((e) => e.type), ['message_start', 'content_block_start', 'content_block_delta', 'error']);
     const ended = messagesToChat.stream(translation(messagesToChat, body));
-    const closed = ended('data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n') + ended(null);
+    const closed = ended('data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]}\n\n') + ended(null);
     assert.deepEqual(json(closed).map((e) => e.type), ['message_start', 'content_block_start', 'content_block_delta', 'content_block_stop', 'message_delta', 'message_stop']);
+    const cut = messagesToChat.stream(translation(messagesToChat, body));
+    cut('data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n');
+    assert.throws(() => cut(null), StreamEnded);
+    for (const [other, request] of [
+      [chatToMessages, { model: 'gw-model', max_tokens: 10, messages: [{ role: 'user', content: 'x' }], stream: true }],
+      [responsesToMessages, { model: 'gw-model', input: 'x', stream: true }],
+    ] as const) {
+      const early = other.stream(translation(other, request));
+      early('event: message_start\ndata: {"type":"message_start","message":{"id":"m1","usage":{"input_tokens":1,"output_tokens":0}}}\n\n');
+      assert.throws(() => early(null), StreamEnded, 'an Anthropic stream without message_stop');
+    }
   });
 });
 

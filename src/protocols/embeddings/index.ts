@@ -8,6 +8,10 @@ import type { WireProtocol } from '../types.js';
 
 /** The most dimensions a request may ask for (OpenAI's largest model has 3,072; the mock builds the vector). */
 const MAX_DIMENSIONS = 16_384;
+/** The most inputs one request may embed (OpenAI's own limit). */
+const MAX_INPUTS = 2048;
+/** The most numbers the mock builds for one answer (inputs x dimensions). */
+const MAX_MOCK_NUMBERS = 1_000_000;
 
 /** Characters of an embeddings input: a string or an array of strings (token ids count none for the mock). */
 function inputChars(input: unknown): number {
@@ -43,6 +47,7 @@ export const embeddings: WireProtocol = {
     const input = b.input;
     const valid = (typeof input === 'string' && input !== '') || (Array.isArray(input) && input.length > 0);
     if (!valid) return bad('input', '"input" is required: a non-empty string or array.');
+    if (Array.isArray(input) && input.length > MAX_INPUTS) return bad('input', `"input" may hold at most ${MAX_INPUTS} items.`);
     if (b.stream === true) return bad('stream', 'Embeddings cannot be streamed.');
     if (b.dimensions !== undefined && (typeof b.dimensions !== 'number' || !Number.isInteger(b.dimensions) || b.dimensions < 1 || b.dimensions > MAX_DIMENSIONS)) {
       return bad('dimensions', `"dimensions" must be an integer from 1 to ${MAX_DIMENSIONS}.`);
@@ -64,6 +69,12 @@ export const embeddings: WireProtocol = {
     const input = ex.body.input;
     const texts = Array.isArray(input) ? input.map((s) => (typeof s === 'string' ? s : JSON.stringify(s))) : [String(input)];
     const dimensions = typeof ex.body.dimensions === 'number' ? ex.body.dimensions : 8;
+    if (texts.length * dimensions > MAX_MOCK_NUMBERS) {
+      ex.noteDelivered(false); // refused before any work: free
+      return ex.fail('invalid_request', {
+        message: `The mock provider builds at most ${MAX_MOCK_NUMBERS} numbers per answer (inputs x dimensions).`, fields: { param: 'dimensions' },
+      });
+    }
     const usage: Usage = { inputTokens: tokensOf(inputChars(input)), outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
     ex.settle(usage, () => sendJson(ex, {
       object: 'list', model: ex.model.upstreamModel,

@@ -65,9 +65,10 @@ export const messages: WireProtocol = {
   },
 
   upstreamBody(ex) {
-    if (ex.body.max_tokens !== undefined && !ex.model.thinking) return modelSwapped(ex);
+    // A client's `max_tokens: null` (which the check lets through as "no limit") is set too.
+    if (ex.body.max_tokens != null && (!ex.model.thinking || ex.body.thinking !== undefined)) return modelSwapped(ex);
     const body = withModel(ex);
-    if (body.max_tokens === undefined) body.max_tokens = ex.maxOutputTokens; // required upstream
+    if (body.max_tokens == null) body.max_tokens = ex.maxOutputTokens; // required upstream
     if (ex.model.thinking && body.thinking === undefined) {
       // A `-thinking` id: extended thinking on, within the client's output budget where it allows.
       const limits = thinkingLimits(body.max_tokens as number);
