@@ -131,8 +131,9 @@ describe('clients people use: Responses, count_tokens, the models list (official
     await assert.rejects(anthropic.messages.countTokens({ model: 'gpt-r', messages: [{ role: 'user', content: 'hi' }] }),
       (err: InstanceType<typeof Anthropic.BadRequestError>) => err.status === 400, 'never a made-up 0');
     const entries = entriesOf(gw, 'acct_c').length;
-    await anthropic.messages.countTokens({ model: 'echo-1', messages: [{ role: 'user', content: 'free' }] });
-    assert.equal(entriesOf(gw, 'acct_c').length, entries, 'counting is not billed');
+    up.queue.push((_req, res) => json(res, 200, { input_tokens: 99 }));
+    await anthropic.messages.countTokens({ model: 'claude-c', messages: [{ role: 'user', content: 'priced model' }] });
+    assert.equal(entriesOf(gw, 'acct_c').length, entries, 'counting on a priced model is not billed');
   });
 
   test('count_tokens has an RPM window of its own: a burst of counts never eats the model calls\' RPM', async () => {

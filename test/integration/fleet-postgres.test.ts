@@ -54,8 +54,8 @@ describe('a fleet on one PostgreSQL ledger', { skip: noPostgres }, () => {
       history: (await get(`${url}/v1/billing/history?limit=3`, 'sk-alice')).body,
       page2: null as unknown,
     })));
-    for (const v of views) {
-      v.page2 = (await get(`${instances[1]!.url}/v1/billing/history?limit=3&after=${(v.history as { next_cursor: string }).next_cursor}`, 'sk-alice')).body;
+    for (const [i, v] of views.entries()) {
+      v.page2 = (await get(`${instances[i]!.url}/v1/billing/history?limit=3&after=${(v.history as { next_cursor: string }).next_cursor}`, 'sk-alice')).body;
     }
     assert.deepEqual(views[0], views[1]);
     const rows = (views[0]!.usage as { data: Array<{ model: string; requests: number }> }).data;
@@ -105,7 +105,7 @@ describe('Redis and PostgreSQL: money Redis lost is rebuilt from the ledger', { 
   const started: EmbeddedGateway[] = [];
   let config: Record<string, unknown>;
   const instance = async () => {
-    const gw = await createGateway(config, { logger: new Logger(() => {}) });
+    const gw = await createGateway(config, { logger: new Logger(() => {}), adminKey: ADMIN });
     started.push(gw);
     return gw.listen(0, '127.0.0.1');
   };
@@ -155,10 +155,23 @@ describe('Redis and PostgreSQL: money Redis lost is rebuilt from the ledger', { 
     assert.equal(refused.status, 402, 'the daily cap still holds');
     assert.equal(((await refused.json()) as { error: { code: string } }).error.code, 'daily_cap_exceeded');
 
-    // An instance starting now offers every prepaid account its initial credit: Redis knows from the ledger it was given.
+    // Admin credits, one with an Idempotency-Key.
+    const credit = (url: string, amountUsd: number, key?: string) => fetch(`${url}/admin/v1/accounts/acct_alice/credits`, {
+      method: 'POST', body: JSON.stringify({ amountUsd }),
+      headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json', ...(key === undefined ? {} : { 'idempotency-key': key }) },
+    });
+    assert.equal((await credit(one, 2, 'top-up-1')).status, 201);
+    assert.equal((await credit(two, 1)).status, 201);
+    const credited = await balance(one);
+    assert.equal(Math.round((credited[0]! - before[0]!) * 1e6), 3_000_000);
+
+    // An instance starting now offers every prepaid account its initial credit, and gives the
+    // recent admin credits again: Redis knows from the ledger that all of them were applied.
     assert.equal(spawnSync('redis-cli', ['-p', String(redis.port), 'FLUSHALL']).status, 0);
     const three = await instance();
-    assert.deepEqual(await balance(three), before);
-    assert.equal(sql(`SELECT count(*) FROM "${schema}".entries WHERE type = 'credit' AND account_id = 'acct_alice'`), '1');
+    assert.deepEqual(await balance(three), credited);
+    assert.equal((await credit(three, 2, 'top-up-1')).status, 201, 'a repeat answers the same credit');
+    assert.deepEqual(await balance(one), credited, 'and adds nothing');
+    assert.equal(sql(`SELECT count(*) FROM "${schema}".entries WHERE type = 'credit' AND account_id = 'acct_alice'`), '3');
   });
 });

@@ -72,8 +72,13 @@ describe('cooldowns shared by instances on one Redis', { skip: hasRedis ? false 
     two.gw.gateway.cooldowns.start('pair|a', 600_000);
     await until(() => one.gw.gateway.cooldowns.until('pair|a') > before + 500_000, 2000, 'instance one to hear of the extension');
     assert.ok(pttl(key) > 590_000);
-    // A shorter one changes nothing anywhere.
+    // A shorter one changes nothing anywhere. (One connection runs its commands in order: once
+    // instance two hears of the marker sent after it, the shorter one has run.)
+    const extended = two.gw.gateway.cooldowns.until('pair|a');
     one.gw.gateway.cooldowns.start('pair|a', 1000);
-    assert.ok(pttl(key) > 590_000);
+    one.gw.gateway.cooldowns.start('marker|x', 60_000);
+    await until(() => two.gw.gateway.cooldowns.until('marker|x') > 0, 2000, 'instance two to hear of the marker');
+    assert.ok(pttl(key) > 590_000, 'the key kept its longer life');
+    assert.equal(two.gw.gateway.cooldowns.until('pair|a'), extended, 'and no instance shortened it');
   });
 });

@@ -50,6 +50,7 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
         pair: { price: PRICE, deployments: [{ provider: 'a' }, { provider: 'b', fallback: true }] },
         gone: { price: PRICE, deployments: [{ provider: 'nowhere' }, { provider: 'b', fallback: true }] },
         mixed: { price: PRICE, deployments: [{ provider: 'ant' }, { provider: 'b', fallback: true }] },
+        split: { price: PRICE, deployments: [{ provider: 'ant' }, { provider: 'b' }] },
       },
       providers: {
         a: provider(ua), b: provider(ub), c: provider(uc),
@@ -238,12 +239,27 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
     assert.equal(body.choices[0]!.message.content, 'translated back');
   });
 
+  test('a routed model with one deployment that can take the call keeps that provider\'s own retries', async () => {
+    // Embeddings have no Anthropic form: only b can take them, and it gets §6's retries.
+    b.queue.push(status(503));
+    const res = await postJson(`${gw.url}/v1/embeddings`, 'sk-client', { model: 'split', input: 'hello' });
+    assert.equal(res.status, 200);
+    assert.equal(res.headers.get('x-gateway-deployment'), 'b');
+    await res.arrayBuffer();
+    assert.equal(b.hits, 2, 'the 503 was retried on b');
+    assert.equal(a.hits, 0);
+  });
+
   test('/metrics counts attempts, failovers and cooldowns per provider', async () => {
+    const counts = async () => {
+      const text = await (await fetch(`${gw.url}/metrics`)).text();
+      const n = (name: string, provider: string) => Number(new RegExp(`^${name}\\{provider="${provider}"\\} (\\d+)$`, 'm').exec(text)?.[1] ?? 0);
+      return [n('mg_upstream_attempts_total', 'a'), n('mg_upstream_attempts_total', 'b'), n('mg_failovers_total', 'a'), n('mg_cooldowns_total', 'a')];
+    };
+    const before = await counts();
     a.queue.push(status(503));
     await (await call('pair')).arrayBuffer();
-    const text = await (await fetch(`${gw.url}/metrics`)).text();
-    assert.match(text, /mg_upstream_attempts_total\{provider="a"\} \d+/);
-    assert.match(text, /mg_failovers_total\{provider="a"\} [1-9]/);
-    assert.match(text, /mg_cooldowns_total\{provider="a"\} [1-9]/);
+    const after = await counts();
+    assert.deepEqual(after.map((v, i) => v - before[i]!), [1, 1, 1, 1], 'one attempt on each, one failover off a, one cooldown of a');
   });
 });

@@ -1,5 +1,6 @@
 // With a remote limiter, admission is awaited. A client that left during that wait used to
-// leave its ticket held: 'close' had already fired before the exchange listened for it.
+// leave its ticket held: 'close' had already fired before the exchange listened for it. Then
+// (found in review) the call still went to the provider, and was charged as if answered.
 import assert from 'node:assert/strict';
 import { request } from 'node:http';
 import { test } from 'node:test';
@@ -10,9 +11,9 @@ import { MemoryLimiter } from '../../src/limiter/memory.js';
 import type { Decision, Limiter } from '../../src/limiter/types.js';
 import { Logger } from '../../src/log.js';
 import { createGatewayServer, listen } from '../../src/server.js';
-import { chatBody, testConfig } from '../helpers/gateway.js';
+import { chatBody, entriesOf, testConfig, until } from '../helpers/gateway.js';
 
-test('a client gone while admission is awaited leaves nothing held', async () => {
+test('a client gone while admission is awaited leaves nothing held, sends nothing upstream and is not charged', async () => {
   const memory = new MemoryLimiter(systemClock);
   // A slow remote store: admission answers after 150 ms.
   const slow = Object.create(memory) as Limiter;
@@ -20,7 +21,8 @@ test('a client gone while admission is awaited leaves nothing held', async () =>
     new Promise<Decision>((resolve) => setTimeout(() => resolve(memory.admit(...args) as Decision), 150));
   const config = validateConfig(testConfig(), { baseDir: '/', env: {} });
   assert.ok(config.ok);
-  const gateway = new Gateway(config.config, { limiter: slow, logger: new Logger(() => {}) });
+  const logs: string[] = [];
+  const gateway = new Gateway(config.config, { limiter: slow, logger: new Logger((t) => logs.push(t)) });
   const server = createGatewayServer(gateway);
   const url = await listen(server, 0, '127.0.0.1');
   try {
@@ -29,11 +31,13 @@ test('a client gone while admission is awaited leaves nothing held', async () =>
         method: 'POST', headers: { 'x-api-key': 'sk-bob', 'content-type': 'application/json' },
       });
       req.on('error', () => resolve());
-      req.end(JSON.stringify(chatBody('slow-1')));
+      req.end(JSON.stringify(chatBody('paid-1')));
       setTimeout(() => { req.destroy(); resolve(); }, 50);
     });
-    await new Promise((r) => setTimeout(r, 400));
+    // Admission answers at 150 ms; the call then ends at once (no wait for a provider).
+    await until(() => logs.join('').includes('"status":499'), 2000, 'the call to end');
     assert.equal(gateway.inFlight, 0);
+    assert.deepEqual(entriesOf({ gateway } as never, 'acct_bob'), [], 'nothing charged: the mock (latency 0) was never asked');
     const account = gateway.directory.accounts.get('acct_bob')!;
     assert.equal(memory.snapshot(account).inFlight, 0, 'the slot came back');
   } finally {

@@ -80,6 +80,11 @@ describe('MemoryCooldowns', () => {
     clock.advance(30_000);
     assert.equal(cooldowns.until('m/a'), 0, 'expired');
     assert.equal(cooldowns.active, 0, 'and forgotten');
+    cooldowns.start('m/c', 1000);
+    cooldowns.start('other/d', 2000);
+    assert.equal(cooldowns.active, 2);
+    clock.advance(2000);
+    assert.equal(cooldowns.active, 0, 'none left once the last one ends, even those never looked up again');
   });
 });
 
@@ -218,8 +223,9 @@ describe('RoutedCall (fake clock, fake providers)', () => {
   });
 
   test('a provider that had the request keeps the call billable after a failover (it may bill the gateway)', () => {
-    const r = setup(deploymentsOf(['a', 1], ['b', 1]), (name, ex) => {
-      if (name === 'a' || r.tried[0] === 'b') {
+    // The first attempt times out after the provider had the request; the second is refused.
+    const r = setup(deploymentsOf(['a', 1], ['b', 1]), (_name, ex) => {
+      if (r.tried.length === 1) {
         ex.noteDelivered(true);
         ex.upstreamFailed('timeout', null);
         ex.fail('upstream_timeout');
@@ -230,6 +236,7 @@ describe('RoutedCall (fake clock, fake providers)', () => {
       }
     });
     r.start();
-    assert.equal(r.billed.delivered, true);
+    assert.equal(r.tried.length, 2);
+    assert.equal(r.billed.delivered, true, 'the refusal on the second does not make the first free');
   });
 });
