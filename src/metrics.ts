@@ -99,7 +99,7 @@ export class Metrics {
   private readonly admissions = new LabeledCounter('mg_admissions_total', 'Limiter decisions: admitted, or the reason of a rejection.', ['result']);
   private readonly upstreamDuration = new LabeledHistogram('mg_upstream_duration_seconds', 'Time to the provider\'s response headers, by provider.', ['provider']);
   private readonly upstreamErrors = new LabeledCounter('mg_upstream_errors_total', 'Failed provider attempts, by provider and kind.', ['provider', 'kind']);
-  private readonly attempts = new LabeledCounter('mg_upstream_attempts_total', 'Calls handed to a provider (each deployment a routed call tries), by provider.', ['provider']);
+  private readonly attempts = new LabeledCounter('mg_upstream_attempts_total', 'Calls handed to a provider (every call, and each further deployment a routed call tries), by provider.', ['provider']);
   private readonly failovers = new LabeledCounter('mg_failovers_total', 'Routed calls moved off a provider to another deployment, by the provider that failed.', ['provider']);
   private readonly cooldowns = new LabeledCounter('mg_cooldowns_total', 'Deployments put in cooldown after a failure, by provider.', ['provider']);
   /** Per model: tokens in and out, and spend (the hot path adds to numbers; labels are built per scrape). */
