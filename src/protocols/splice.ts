@@ -105,3 +105,14 @@ export function replaceTopLevel(text: string, key: string, json: string): string
   if (start < 0) return null;
   return text.slice(0, start) + json + text.slice(end);
 }
+
+/**
+ * `text` (a JSON object) with `"key": json` added as its first member. Only for a key the
+ * parsed object does not have, in any spelling: then there is no copy for a parser to prefer.
+ */
+export function prependTopLevel(text: string, key: string, json: string): string {
+  const open = skipSpace(text, 0);
+  const next = skipSpace(text, open + 1);
+  const member = `${JSON.stringify(key)}:${json}`;
+  return `${text.slice(0, open + 1)}${member}${text.charCodeAt(next) === CLOSE_BRACE ? '' : ','}${text.slice(open + 1)}`;
+}

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
-import { test } from 'node:test';
-import { replaceTopLevel } from '../../src/protocols/splice.js';
+import { describe, test } from 'node:test';
+import { prependTopLevel, replaceTopLevel } from '../../src/protocols/splice.js';
 import { rng } from '../helpers/fake-clock.js';
 
 /** Random JSON text: nested values, strings full of quotes, backslashes and braces, odd spacing. */
@@ -72,4 +72,14 @@ test('linear: a 4 MB body with its model last is spliced in one pass', () => {
   for (let i = 0; i < 5; i++) assert.equal(JSON.parse(replaceTopLevel(big, 'model', '"B"')!).model, 'B');
   const perCall = (performance.now() - started) / 5;
   assert.ok(perCall < 200, `${perCall.toFixed(1)} ms per 4 MB`);
+});
+
+describe('prependTopLevel', () => {
+  test('adds a member first, keeping the rest byte for byte; the result parses to the object with it', () => {
+    for (const text of ['{"model":"m","stream":true}', '  { "a" : [1, {"b": "}"}] }\n', '{}', ' {  } ']) {
+      const out = prependTopLevel(text, 'stream_options', '{"include_usage":true}');
+      assert.deepEqual(JSON.parse(out), { stream_options: { include_usage: true }, ...JSON.parse(text) }, text);
+      assert.ok(out.endsWith(text.slice(text.indexOf('{') + 1)), 'the rest as it was');
+    }
+  });
 });

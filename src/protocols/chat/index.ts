@@ -3,6 +3,7 @@ import {
   ABSENT, bad, checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
   sendJson, textChars, tokensOf, withModel,
 } from '../common.js';
+import { prependTopLevel } from '../splice.js';
 import { eventData } from '../../providers/sse.js';
 import type { WireProtocol } from '../types.js';
 
@@ -58,7 +59,9 @@ export const chat: WireProtocol = {
   upstreamBody(ex) {
     if (!ex.stream || clientAskedUsage(ex.body)) return modelSwapped(ex);
     // Usage is how the call is metered: always ask for it (the extra chunk is removed again
-    // below when the client did not ask for it).
+    // below when the client did not ask for it). Usually the client sent no stream_options:
+    // added to the text, the rest not re-serialised.
+    if (ex.body.stream_options === undefined) return prependTopLevel(modelSwapped(ex), 'stream_options', '{"include_usage":true}');
     const body = withModel(ex);
     const options = isObj(body.stream_options) ? body.stream_options : {};
     body.stream_options = { ...options, include_usage: true };
