@@ -433,27 +433,12 @@ export class HttpProvider implements Provider {
       idle.refresh();
       res.resume();
     };
-    res.on('data', (chunk: Buffer) => {
+    const onData = (chunk: Buffer) => {
       if (ended) return;
       idle.refresh();
       let out = '';
-      let events: string[];
-      try {
-        events = splitter.push(chunk);
-      } catch (err) {
-        if (!(err instanceof EventTooLarge)) throw err;
-        res.destroy();
-        return cut(`the provider sent an event over ${MAX_EVENT_CHARS} characters`);
-      }
-      for (const event of events) {
-        let seen: { forward: boolean; final: boolean };
-        try {
-          seen = watcher.see(event);
-        } catch {
-          // An event too deeply nested to look at (JSON.stringify's stack): cut, never crash.
-          res.destroy();
-          return cut('the provider sent an event the gateway cannot read');
-        }
+      for (const event of splitter.push(chunk)) {
+        const seen = watcher.see(event);
         if (seen.final) {
           // The final event leaves only after the charge is settled. The rest of the provider's
           // answer is read and dropped (ended is set), so its socket returns to the pool.
@@ -468,6 +453,16 @@ export class HttpProvider implements Provider {
         res.pause(); // backpressure: a slow client slows the provider, the gateway does not buffer
         waitingForClient = true;
         ex.whenDrained(resume);
+      }
+    };
+    res.on('data', (chunk: Buffer) => {
+      // One try per chunk, not per event: an event over the bound, or one too deeply nested to
+      // look at (JSON.stringify's stack), cuts this call; the process goes on.
+      try {
+        onData(chunk);
+      } catch (err) {
+        res.destroy();
+        cut(err instanceof EventTooLarge ? `the provider sent an event over ${MAX_EVENT_CHARS} characters` : 'the provider sent an event the gateway cannot read');
       }
     });
     res.on('end', () => {
