@@ -1,5 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AccountEntry, KeyEntry, ModelEntry } from '../directory.js';
+import { estimateInputTokens, MAX_DEPTH } from '../billing/estimate.js';
 import { readBody } from '../http/body.js';
 import type { RequestContext } from '../http/context.js';
 import { baseHeaders, sendError, sendErrorSpec } from '../http/reply.js';
@@ -51,6 +52,10 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         return sendError(ctx, res, 'invalid_request', gw.done, { message: problem.message, fields: { param: problem.param || null } });
       }
       const b = body as Record<string, unknown>;
+      // As for a call: a body nested too deeply to walk (or to serialise upstream) is the client's 400, not a 500.
+      if (estimateInputTokens(b) === null) {
+        return sendError(ctx, res, 'invalid_request', gw.done, { message: `The request body nests deeper than ${MAX_DEPTH} levels.`, fields: { param: null } });
+      }
       const key = ctx.key!;
       const model = gw.directory.resolveModel(key, b.model as string);
       if (model === undefined) {

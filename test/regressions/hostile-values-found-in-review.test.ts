@@ -71,4 +71,12 @@ describe('regression: hostile values found in review', () => {
     }
     assert.equal(up.seen.filter((s) => s.path === '/v1/messages').length, 0, 'nothing went upstream');
   });
+
+  test('count_tokens with a body nested too deeply is a 400, like a call', async () => {
+    const deep = `${'['.repeat(5000)}${']'.repeat(5000)}`;
+    const body = `{"model":"claude-x","messages":[{"role":"user","content":"x"}],"metadata":{"x":${deep}}}`;
+    const res = await postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-alice', body);
+    assert.equal(res.status, 400);
+    assert.match(((await res.json()) as { error: { message: string } }).error.message, /nests deeper/);
+  });
 });
