@@ -75,7 +75,7 @@ export async function createGateway(config: unknown, options: CreateOptions = {}
   const baseDir = options.baseDir ?? process.cwd();
   const result = validateConfig(config, { baseDir, env });
   if (!result.ok) throw new ConfigError(result.errors);
-  const logger = options.logger ?? new Logger(undefined, result.config.server.logLevel);
+  const logger = options.logger ?? new Logger(undefined, result.config.server.logLevel, { bufferBytes: result.config.server.logBufferBytes });
   for (const warning of result.warnings) logger.warn(warning);
   return startGateway(result.config, { ...options, logger }, (next) => {
     const r = validateConfig(next, { baseDir, env });
@@ -177,7 +177,7 @@ export async function startGateway(
     await gateway.ledger.close();
     await gateway.limiter.close();
     await gateway.cooldowns.close();
-    logger.flush();
+    await logger.flush();
   };
 
   return {

@@ -86,7 +86,7 @@ export class Gateway implements RouteHost {
     this.adminKeyHash = options.adminKey === undefined || options.adminKey === '' ? null : hash('sha256', options.adminKey);
     this.metrics = new Metrics({
       inFlight: () => this.inFlight, limiterUp: () => this.limiter.ready(), ledgerUp: () => this.ledger.ready(),
-      draining: () => this.draining,
+      draining: () => this.draining, logDropped: () => this.logger.dropped,
     });
     const effective = overlay(config, this.admin.state);
     if ('errors' in effective) throw new Error(`admin changes do not fit the config: ${effective.errors.join('; ')}`);
@@ -254,9 +254,10 @@ export class Gateway implements RouteHost {
   readonly done = (ctx: RequestContext): void => {
     if (ctx.logged) return;
     ctx.logged = true;
-    const ms = performance.now() - ctx.startMs;
+    const end = performance.now();
+    const ms = end - ctx.startMs;
     this.metrics.request(ctx.route, ctx.status, ms / 1000);
-    this.logger.access(ctx.id, ctx.method, ctx.path, ctx.status, ms, ctx.key?.account.id ?? null, ctx.dropped);
+    this.logger.access(ctx.id, ctx.method, ctx.path, ctx.status, ms, ctx.key?.account.id ?? null, ctx.dropped, end);
   };
 
   /**

@@ -1,35 +1,41 @@
+import { AccessLines } from './access-line.js';
+import { LogOutput, type Sink } from './log-output.js';
+
+export type { Sink } from './log-output.js';
 export type Level = 'debug' | 'info' | 'warn' | 'error';
 
-/** The longest a log line waits in the buffer. */
-const FLUSH_MS = 10;
+/** The default bound on log text waiting to be written (see LogOutput). */
+export const LOG_BUFFER_BYTES = 4_194_304;
 
-/** JSON string literal; the common case (no quote, backslash or control character) without JSON.stringify. */
-function quote(text: string): string {
-  return SAFE.test(text) ? `"${text}"` : JSON.stringify(text);
-}
-const SAFE = /^[\x20\x21\x23-\x5b\x5d-\x7e]*$/;
 const RANK: Record<Level, number> = { debug: 10, info: 20, warn: 30, error: 40 };
 
-/** Where finished lines go; the default is stdout (file descriptor 1). */
-export type Sink = (text: string) => void;
-
-// stdout writes to files and pipes are synchronous on Linux, so a flush at exit is not lost.
-const stdoutSink: Sink = (text) => {
-  process.stdout.write(text);
-};
+export interface LoggerOptions {
+  /** The bound on text waiting to be written, in bytes; lines beyond it are dropped and counted. */
+  bufferBytes?: number;
+}
 
 /**
- * JSON lines, buffered: lines written in one event-loop turn leave in one write, so a
- * request costs a string concatenation, not a syscall. Never logs keys, hashes or bodies:
- * callers pass only ids and numbers.
+ * JSON lines to stdout (or another descriptor, or a Sink), through a bounded buffer written off the event loop
+ * (LogOutput): a line costs a string and a copy, never a syscall or a wait. Never logs keys,
+ * hashes or bodies: callers pass only ids and numbers.
  */
 export class Logger {
-  private buffer = '';
-  private scheduled = false;
+  private readonly output: LogOutput;
+  private readonly accessLines: AccessLines;
   private readonly min: number;
+  /** `dropped` when it was last reported in a line of its own. */
+  private reportedDropped = 0;
 
-  constructor(private readonly sink: Sink = stdoutSink, level: Level = 'info') {
+  /** `to`: a file descriptor (default 1, stdout) or a function taking the text. */
+  constructor(to: number | Sink = 1, level: Level = 'info', options: LoggerOptions = {}) {
     this.min = RANK[level];
+    this.output = new LogOutput(to, options.bufferBytes ?? LOG_BUFFER_BYTES);
+    this.accessLines = new AccessLines(this.output, (line) => this.push(line));
+  }
+
+  /** Lines lost so far (mg_log_dropped_total): the buffer was full, or a write failed. */
+  get dropped(): number {
+    return this.output.dropped;
   }
 
   log(level: Level, msg: string, fields: Record<string, unknown> = {}): void {
@@ -42,73 +48,54 @@ export class Logger {
   error(msg: string, fields?: Record<string, unknown>): void { this.log('error', msg, fields); }
 
   /**
-   * The access log line, built by hand: this runs for every request, so the timestamp text is
-   * reused within a millisecond, `ms` is formatted from integer microseconds, and strings are
-   * JSON-escaped only when they need it. Request ids and account ids are restricted to safe
-   * characters by the config and the request-id check.
+   * The access log line (src/access-line.ts encodes it): this runs for every request. `ms` is
+   * its duration; `endPerfMs` the performance.now() it ended at, if the caller has it.
    */
-  access(requestId: string, method: string, path: string, status: number, ms: number, accountId: string | null, dropped: string | null = null): void {
+  access(
+    requestId: string, method: string, path: string, status: number, ms: number, accountId: string | null,
+    dropped: string | null = null, endPerfMs?: number,
+  ): void {
     if (RANK.info < this.min) return;
-    const us = Math.round(ms * 1000);
-    const whole = Math.floor(us / 1000);
-    const frac = us - whole * 1000;
-    this.push(
-      `{"time":"${this.isoNow()}","level":"info","msg":"request","request_id":"${requestId}","method":${quote(method)},"path":${this.quotePath(path)},"status":${status},"ms":${whole}.${frac < 10 ? '00' : frac < 100 ? '0' : ''}${frac},"account_id":${accountId === null ? 'null' : `"${accountId}"`}${dropped === null ? '' : `,"dropped":${quote(dropped)}`}}`,
-    );
+    if (this.output.dropped !== this.reportedDropped) this.reportDroppedIfRoom();
+    this.accessLines.write(endPerfMs ?? performance.now(), requestId, method, path, status, Math.round(ms * 1000), accountId, dropped);
   }
 
-  private lastPath = '';
-  private lastPathQuoted = '""';
-
-  /** quote(path), remembered for the last path: under load most requests go to the same one. */
-  private quotePath(path: string): string {
-    if (path !== this.lastPath) {
-      this.lastPath = path;
-      this.lastPathQuoted = quote(path);
-    }
-    return this.lastPathQuoted;
+  /**
+   * Resolves once every line logged so far has been written (each wait at most `timeoutMs`):
+   * for the drain. A report of lines dropped, if any, goes last.
+   */
+  async flush(timeoutMs?: number): Promise<void> {
+    await this.output.flush(timeoutMs);
+    if (this.reportDropped()) await this.output.flush(timeoutMs);
   }
 
-  private lastMs = 0;
-  private lastIso = '';
-  private lastSecond = -1;
-  /** `YYYY-MM-DDTHH:MM:SS.` of lastSecond: the date is formatted once a second, not once a millisecond. */
-  private secondPrefix = '';
-
-  private isoNow(): string {
-    const now = Date.now();
-    if (now !== this.lastMs) {
-      this.lastMs = now;
-      const ms = now % 1000;
-      if (now - ms !== this.lastSecond) {
-        this.lastSecond = now - ms;
-        this.secondPrefix = new Date(this.lastSecond).toISOString().slice(0, 20);
-      }
-      this.lastIso = `${this.secondPrefix}${ms < 10 ? '00' : ms < 100 ? '0' : ''}${ms}Z`;
-    }
-    return this.lastIso;
-  }
-
-  /** Writes out whatever is buffered, synchronously (at exit). */
-  flush(): void {
-    if (this.buffer === '') return;
-    const text = this.buffer;
-    this.buffer = '';
-    this.sink(text);
+  /** Writes what is buffered, synchronously: for the moment before the process exits. */
+  flushSync(): void {
+    this.output.flushSync();
+    if (this.reportDropped()) this.output.flushSync();
   }
 
   private push(line: string): void {
-    this.buffer += line + '\n';
-    if (this.buffer.length > 65_536) this.flush();
-    else if (!this.scheduled) {
-      // A short timer, not setImmediate: under load one write carries many event-loop turns.
-      this.scheduled = true;
-      setTimeout(this.drain, FLUSH_MS);
-    }
+    if (this.output.dropped !== this.reportedDropped) this.reportDroppedIfRoom();
+    this.output.line(line);
   }
 
-  private readonly drain = (): void => {
-    this.scheduled = false;
-    this.flush();
-  };
+  /** Lines were lost and there is room again: say so once, before the next line. */
+  private reportDroppedIfRoom(): void {
+    if (this.output.room() > 1024) this.reportDropped();
+  }
+
+  /** One warning line for the lines dropped since the last such line, if it fits now. */
+  private reportDropped(): boolean {
+    const dropped = this.output.dropped;
+    if (dropped === this.reportedDropped) return false;
+    const line = JSON.stringify({
+      time: new Date().toISOString(), level: 'warn', msg: 'log lines dropped: the log reader did not keep up',
+      dropped: dropped - this.reportedDropped, dropped_total: dropped,
+    });
+    if (Buffer.byteLength(line) >= this.output.room()) return false;
+    this.output.line(line);
+    this.reportedDropped = dropped;
+    return true;
+  }
 }

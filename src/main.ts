@@ -76,7 +76,8 @@ function youngGenerationMayGrow(grow: boolean): void {
 }
 
 async function start(options: StartOptions): Promise<void> {
-  process.stdout.on('error', () => {}); // a closed stdout (EPIPE) must not crash the gateway
+  // Log lines go to file descriptor 1 from the thread pool (src/log-output.ts); process.stdout
+  // is left untouched, since creating it on a pipe would switch the pipe to non-blocking.
   const file = options.config ?? process.env.MODEL_GATEWAY_CONFIG;
   const demo = file === undefined || file === '';
   const adminKey = process.env.MODEL_GATEWAY_ADMIN_KEY;
@@ -89,12 +90,13 @@ async function start(options: StartOptions): Promise<void> {
   try {
     const result = demo ? validateConfig(demoConfig(), { baseDir: process.cwd(), env: process.env }) : loadConfigFile(file);
     config = report(result, demo ? '(embedded demo)' : file);
-    logger = new Logger(undefined, config.server.logLevel);
+    logger = new Logger(undefined, config.server.logLevel, { bufferBytes: config.server.logBufferBytes });
+    const atExit = logger;
+    process.on('exit', () => atExit.flushSync());
     if (result.ok) for (const warning of result.warnings) logger.warn(warning);
     try {
       embedded = await startGateway(config, { logger, ...(adminKey ? { adminKey } : {}) });
     } catch (err) {
-      logger.flush();
       fail(err instanceof LedgerCorruptError || err instanceof LedgerLockedError ? `ledger.dir: ${err.message}` : (err as Error).message);
     }
   } finally {
@@ -140,13 +142,13 @@ async function start(options: StartOptions): Promise<void> {
     stopping = true;
     const { drainDelayMs, drainTimeoutMs } = gateway.config.server;
     logger.info('draining', { signal, drain_delay_ms: drainDelayMs, drain_timeout_ms: drainTimeoutMs });
-    embedded.close().then(() => {
+    embedded.close().then(async () => {
       logger.info('stopped');
-      logger.flush();
+      await logger.flush();
       process.exit(0);
-    }, (err: unknown) => {
+    }, async (err: unknown) => {
       logger.error('error while stopping', { error: String(err) });
-      logger.flush();
+      await logger.flush();
       process.exit(1);
     });
   };
@@ -159,7 +161,7 @@ async function start(options: StartOptions): Promise<void> {
     fail(`cannot listen on ${host}:${port}: ${(err as Error).message}`);
   }
   logger.info('listening', { url, config: demo ? 'demo' : resolve(file) });
-  logger.flush();
+  void logger.flush();
   if (demo) printDemoBanner(url);
 }
 

@@ -86,6 +86,8 @@ export interface Gauges {
   limiterUp(): boolean;
   ledgerUp(): boolean;
   draining(): boolean;
+  /** Log lines lost (the log reader did not keep up, or a write failed). */
+  logDropped(): number;
 }
 
 /** Per-route request counts and latency: the hot path, so no string building per request. */
@@ -179,6 +181,8 @@ export class Metrics {
     }
     tokens.render(out);
     spend.render(out);
+    out.push('# HELP mg_log_dropped_total Log lines dropped because the log reader did not keep up (or a write failed); requests are never held for the log.',
+      '# TYPE mg_log_dropped_total counter', `mg_log_dropped_total ${this.gauges.logDropped()}`);
     const gauge = (name: string, help: string, value: number) => out.push(`# HELP ${name} ${help}`, `# TYPE ${name} gauge`, `${name} ${value}`);
     gauge('mg_in_flight_requests', 'Model calls being answered now.', this.gauges.inFlight());
     gauge('mg_limiter_up', '1 when the limiter store answers.', this.gauges.limiterUp() ? 1 : 0);

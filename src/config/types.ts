@@ -19,6 +19,8 @@ export interface ServerConfig {
   metrics: boolean;
   /** Log level: 'debug', 'info' (access log on), 'warn' (access log off) or 'error'. */
   logLevel: 'debug' | 'info' | 'warn' | 'error';
+  /** Log text waiting to be written, at most (bytes): beyond it lines are dropped and counted, never requests slowed. */
+  logBufferBytes: number;
 }
 
 export type LimiterConfig =

@@ -1,5 +1,6 @@
 import { hash } from 'node:crypto';
 import { isAbsolute, resolve } from 'node:path';
+import { LOG_BUFFER_BYTES } from '../log.js';
 import { FREE, MAX_PRICE_MICRO, type Price } from '../money.js';
 import { amountField, boolField, capField, ENTITY_ID, ENTITY_ID_RULE, limitField, modelsField, NAME_ID, NAME_ID_RULE } from './fields.js';
 import type {
@@ -23,7 +24,7 @@ type Obj = Record<string, unknown>;
 const SERVER_DEFAULTS: ServerConfig = {
   host: '127.0.0.1', port: 8080, maxBodyBytes: 4_194_304, requestTimeoutMs: 30_000,
   drainDelayMs: 0, drainTimeoutMs: 30_000, clientIdleTimeoutMs: 120_000, headersTimeoutMs: 10_000, maxConnections: 10_000,
-  metrics: true, logLevel: 'info',
+  metrics: true, logLevel: 'info', logBufferBytes: LOG_BUFFER_BYTES,
 };
 
 export { MAX_LIMIT } from './fields.js';
@@ -181,6 +182,7 @@ function checkServer(c: Checker, value: unknown): ServerConfig {
     maxConnections: c.int('server.maxConnections', o.maxConnections, 1, 10_000_000, d.maxConnections),
     metrics: c.bool('server.metrics', o.metrics, d.metrics),
     logLevel: checkLevel(c, o.logLevel),
+    logBufferBytes: c.int('server.logBufferBytes', o.logBufferBytes, 65_536, 1 << 30, d.logBufferBytes),
   };
 }
 

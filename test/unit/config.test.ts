@@ -24,7 +24,7 @@ describe('config validation', () => {
     assert.ok(r.ok);
     assert.deepEqual(r.config.server, {
       host: '127.0.0.1', port: 8080, maxBodyBytes: 4194304, requestTimeoutMs: 30000, drainDelayMs: 0,
-      drainTimeoutMs: 30000, clientIdleTimeoutMs: 120000, headersTimeoutMs: 10000, maxConnections: 10000, metrics: true, logLevel: 'info',
+      drainTimeoutMs: 30000, clientIdleTimeoutMs: 120000, headersTimeoutMs: 10000, maxConnections: 10000, metrics: true, logLevel: 'info', logBufferBytes: 4_194_304,
     });
     assert.deepEqual(r.config.limiter, { store: 'memory' });
     assert.deepEqual(r.config.ledger, { store: 'file', dir: '/srv/gw/data' });

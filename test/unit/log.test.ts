@@ -1,5 +1,10 @@
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { closeSync, constants, mkdtempSync, openSync, readSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { mock, test } from 'node:test';
+import { LogOutput } from '../../src/log-output.js';
 import { Logger } from '../../src/log.js';
 
 test('access log lines: the time is the exact ISO instant within and across seconds; the path stays right as it changes', () => {
@@ -8,11 +13,14 @@ test('access log lines: the time is the exact ISO instant within and across seco
     const lines: string[] = [];
     const logger = new Logger((text) => lines.push(...text.trimEnd().split('\n')));
     const instants: number[] = [];
-    // Steps of 1, 9, 90, 900 ms cross the 10 ms, 100 ms and second boundaries, and midnight.
+    // Steps of 1, 9, 90, 900 ms cross the 10 ms, 100 ms and second boundaries, and midnight;
+    // the caller's performance.now() moves with the wall clock (the log reads that once a second).
+    let perf = 5000.25;
     for (const step of [0, 1, 9, 90, 900, 1, 9, 90, 900, 0, 5]) {
       mock.timers.tick(step);
+      perf += step;
       instants.push(Date.now());
-      logger.access('req_1', 'POST', step === 9 ? '/v1/models' : '/v1/chat/"x"', 200, 1.2345, null);
+      logger.access('req_1', 'POST', step === 9 ? '/v1/models' : '/v1/chat/"x"', 200, 1.2345, null, null, perf);
     }
     logger.flush();
     assert.equal(lines.length, instants.length);
@@ -26,4 +34,100 @@ test('access log lines: the time is the exact ISO instant within and across seco
   } finally {
     mock.timers.reset();
   }
+});
+
+test('log output to a non-blocking pipe that fills (EAGAIN): the event loop goes on, lines beyond the bound are dropped and counted, the rest arrive whole and in order', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'mg-log-'));
+  const fifo = join(dir, 'fifo');
+  execFileSync('mkfifo', [fifo]);
+  const reader = openSync(fifo, constants.O_RDONLY | constants.O_NONBLOCK);
+  const writer = openSync(fifo, constants.O_WRONLY | constants.O_NONBLOCK);
+  try {
+    const output = new LogOutput(writer, 65_536);
+    const total = 3000;
+    for (let i = 0; i < total; i++) output.line(`{"n":${i},"pad":"${'x'.repeat(90)}"}`);
+    assert.ok(output.dropped > 0, 'a full pipe and a full buffer drop lines');
+    // Nobody reads yet: the writer meets EAGAIN and tries again later, the loop is not held.
+    await new Promise((r) => setTimeout(r, 30));
+    let text = '';
+    const chunk = Buffer.alloc(65_536);
+    const flushed = output.flush(10_000);
+    let done = false;
+    void flushed.then(() => { done = true; });
+    while (!done) {
+      try {
+        const n = readSync(reader, chunk);
+        text += chunk.toString('utf8', 0, n);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'EAGAIN') throw err;
+      }
+      await new Promise((r) => setImmediate(r));
+    }
+    for (;;) {
+      try {
+        const n = readSync(reader, chunk);
+        if (n === 0) break;
+        text += chunk.toString('utf8', 0, n);
+      } catch {
+        break;
+      }
+    }
+    const kept = text.trimEnd().split('\n').map((line) => (JSON.parse(line) as { n: number }).n);
+    assert.equal(kept.length + output.dropped, total);
+    assert.deepEqual(kept, [...kept].sort((a, b) => a - b), 'in order');
+    assert.deepEqual(kept.slice(0, 100), Array.from({ length: 100 }, (_, i) => i), 'the first lines were kept (new lines are the ones dropped)');
+  } finally {
+    closeSync(writer);
+    closeSync(reader);
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('log output: a failed write (EBADF) loses its lines, counted; flush resolves and nothing throws', async () => {
+  const output = new LogOutput(1_000_000, 65_536); // not an open descriptor
+  for (let i = 0; i < 10; i++) output.line(`line ${i}`);
+  await output.flush();
+  assert.equal(output.dropped, 10);
+});
+
+test('logger: a line says how many lines were dropped, once there is room again', async () => {
+  const batches: string[] = [];
+  const logger = new Logger((text) => batches.push(text), 'info', { bufferBytes: 4096 }); // smaller than a batch: it fills within one turn
+  for (let i = 0; i < 1000; i++) logger.info('filler', { i, pad: 'y'.repeat(100) }); // about 150 KB in one turn, 4 KB kept
+  const dropped = logger.dropped;
+  assert.ok(dropped > 0);
+  await logger.flush();
+  logger.info('after');
+  await logger.flush();
+  const lines = batches.join('').trimEnd().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+  const report = lines.find((l) => l.msg === 'log lines dropped: the log reader did not keep up');
+  assert.ok(report);
+  assert.equal(report.dropped, dropped);
+  assert.equal(lines.filter((l) => l.msg === 'filler').length + dropped, 1000);
+  assert.equal(lines.at(-1)!.msg, 'after');
+});
+
+test('access lines: every field right through the byte encoder, its caches (300 paths, two methods on one path) and its slow path (dropped, an id needing escapes)', async () => {
+  const batches: string[] = [];
+  const logger = new Logger((text) => batches.push(text));
+  const expected: Array<Record<string, unknown>> = [];
+  const log = (id: string, method: string, path: string, status: number, ms: number, account: string | null, dropped: string | null) => {
+    logger.access(id, method, path, status, ms, account, dropped);
+    expected.push({ request_id: id, method, path, status, ms: Math.round(ms * 1000) / 1000, account_id: account, ...(dropped === null ? {} : { dropped }) });
+  };
+  for (let i = 0; i < 300; i++) log(`req_${i}`, i % 3 === 0 ? 'POST' : 'GET', `/v1/p${i % 280}`, 200 + (i % 7), i * 1.0015, i % 2 === 0 ? 'acct_a' : null, null);
+  log('req_é"\\', 'GET', '/v1/ünïcode path', 404, 0.0004, 'acct_b', null);
+  log('req_x', 'DELETE', '/v1/models', 400, 12345.6789, 'acct_b', 'logprobs,seed');
+  log('req_y', 'GET', '/v1/models', 503, 0, null, null);
+  await logger.flush();
+  const lines = batches.join('').trimEnd().split('\n').map((l) => JSON.parse(l) as Record<string, unknown>);
+  assert.equal(lines.length, expected.length);
+  lines.forEach((line, i) => {
+    const { time, level, msg, ...rest } = line;
+    assert.equal(level, 'info');
+    assert.equal(msg, 'request');
+    assert.match(String(time), /^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+    assert.ok(Math.abs(Date.parse(String(time)) - Date.now()) < 60_000);
+    assert.deepEqual(rest, expected[i], `line ${i}`);
+  });
 });

@@ -132,7 +132,7 @@ describe('RoutedCall (fake clock, fake providers)', () => {
   const setup = (deployments: Deployment[], provider: (name: string, ex: Exchange) => void, config = routing) => {
     const clock = new FakeClock();
     const cooldowns = new MemoryCooldowns(clock);
-    const metrics = new Metrics({ inFlight: () => 0, limiterUp: () => true, ledgerUp: () => true, draining: () => false });
+    const metrics = new Metrics({ inFlight: () => 0, limiterUp: () => true, ledgerUp: () => true, draining: () => false, logDropped: () => 0 });
     const billed = new FakeBilled(deployments[0]!.model);
     const tried: string[] = [];
     const host = { clock, cooldowns, metrics, random: rng(3) };

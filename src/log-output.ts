@@ -1,0 +1,176 @@
+import { write, writeSync } from 'node:fs';
+
+/** A function that takes finished log text, synchronously (tests and embedders); the default writes to stdout. */
+export type Sink = (text: string) => void;
+
+/** Lines wait at most this long before they are written. */
+const BATCH_MS = 10;
+/** A batch this large is written at once rather than at the end of its wait. */
+const BATCH_BYTES = 65_536;
+/** How soon a write is tried again when the descriptor is non-blocking and full (EAGAIN). */
+const RETRY_MS = 5;
+
+/**
+ * Log lines on their way out: a bounded buffer of bytes, written in batches. To a file
+ * descriptor the writes go through libuv's thread pool (`fs.write`), one batch at a time, so
+ * a slow reader (a full pipe, a stalled disk) never blocks the event loop: while one batch is
+ * being written the next fills the other buffer, and once that is full new lines are dropped
+ * and counted. A request never waits for its log line.
+ */
+export class LogOutput {
+  /** Lines lost: dropped because the buffer was full, or in a write that failed. */
+  dropped = 0;
+  private filling: Buffer;
+  private used = 0;
+  /** The other buffer: written out now, or idle. */
+  private spare: Buffer;
+  private writing = false;
+  private scheduled = false;
+  private waiting: (() => void)[] = [];
+
+  constructor(private readonly target: number | Sink, capacityBytes: number) {
+    // allocUnsafe: pages are touched only as lines fill them, so an idle log costs no memory.
+    this.filling = Buffer.allocUnsafe(capacityBytes);
+    this.spare = Buffer.allocUnsafe(capacityBytes);
+  }
+
+  /** Buffers one line (without its newline); drops it, counted, when there is no room. */
+  line(text: string): void {
+    const room = this.filling.length - this.used - 1;
+    // A UTF-8 character takes at most 3 bytes per UTF-16 unit; count exactly only near the end.
+    if (text.length * 3 > room && Buffer.byteLength(text) > room) {
+      this.dropped++;
+      return;
+    }
+    this.used += this.filling.write(text, this.used);
+    this.filling[this.used++] = 10;
+    this.lineAdded();
+  }
+
+  /**
+   * For a line its writer encodes itself (the access log): the buffer to write at most `max`
+   * bytes into, from `offset`, then `commit`; or null when they may not fit (the line is
+   * dropped, counted).
+   */
+  reserve(max: number): Buffer | null {
+    if (max > this.filling.length - this.used) {
+      this.dropped++;
+      return null;
+    }
+    return this.filling;
+  }
+
+  /** Where a reserved line starts. */
+  get offset(): number {
+    return this.used;
+  }
+
+  /** Ends the reserved line at `end` (just after its newline). */
+  commit(end: number): void {
+    this.used = end;
+    this.lineAdded();
+  }
+
+  private lineAdded(): void {
+    if (this.used >= BATCH_BYTES) this.send();
+    else if (!this.scheduled) {
+      // A short timer, not setImmediate: under load one write carries many event-loop turns.
+      this.scheduled = true;
+      setTimeout(this.sendLater, BATCH_MS);
+    }
+  }
+
+  /** Bytes free for lines now. */
+  room(): number {
+    return this.filling.length - this.used;
+  }
+
+  /** Resolves once everything buffered so far has been written (or lost), or after `timeoutMs`. */
+  flush(timeoutMs = 5000): Promise<void> {
+    this.send();
+    if (!this.writing && this.used === 0) return Promise.resolve();
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, timeoutMs);
+      timer.unref();
+      this.waiting.push(() => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+  }
+
+  /**
+   * Writes what is buffered now, synchronously: for the moment before the process exits. A
+   * batch already being written by the thread pool is left to finish; a descriptor that stays
+   * full is given up on after a short while, its lines counted as dropped.
+   */
+  flushSync(): void {
+    if (this.used === 0) return;
+    const text = this.filling.subarray(0, this.used);
+    this.used = 0;
+    if (typeof this.target === 'function') return this.target(text.toString('utf8'));
+    let off = 0;
+    const giveUp = Date.now() + 200;
+    while (off < text.length) {
+      try {
+        off += writeSync(this.target, text, off);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== 'EAGAIN' || Date.now() > giveUp) {
+          this.dropped += countLines(text, off);
+          return;
+        }
+      }
+    }
+  }
+
+  private readonly sendLater = (): void => {
+    this.scheduled = false;
+    this.send();
+  };
+
+  /** Hands the filled buffer to the writer unless a write is under way (its end sends the rest). */
+  private send(): void {
+    if (this.writing || this.used === 0) return this.settleIfIdle();
+    const full = this.filling;
+    const length = this.used;
+    this.filling = this.spare;
+    this.spare = full;
+    this.used = 0;
+    if (typeof this.target === 'function') {
+      this.target(full.toString('utf8', 0, length));
+      return this.settleIfIdle();
+    }
+    this.writing = true;
+    this.writeFrom(this.target, full, 0, length);
+  }
+
+  private writeFrom(fd: number, buffer: Buffer, off: number, end: number): void {
+    write(fd, buffer, off, end - off, null, (err, written) => {
+      if (err !== null) {
+        if (err.code === 'EAGAIN') {
+          setTimeout(() => this.writeFrom(fd, buffer, off, end), RETRY_MS).unref();
+          return;
+        }
+        this.dropped += countLines(buffer.subarray(0, end), off); // a closed pipe, a full disk: lose the batch, not the process
+      } else if (off + written < end) {
+        return this.writeFrom(fd, buffer, off + written, end);
+      }
+      this.writing = false;
+      this.send();
+    });
+  }
+
+  private settleIfIdle(): void {
+    if (this.writing || this.used > 0 || this.waiting.length === 0) return;
+    const waiting = this.waiting;
+    this.waiting = [];
+    for (const resolve of waiting) resolve();
+  }
+}
+
+/** Lines (newlines) in buffer from `off` on. */
+function countLines(buffer: Buffer, off: number): number {
+  let n = 0;
+  for (let i = buffer.indexOf(10, off); i !== -1; i = buffer.indexOf(10, i + 1)) n++;
+  return n;
+}
