@@ -13,26 +13,23 @@ import { hash, randomBytes } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import type { AddressInfo } from 'node:net';
+import { int, parseFlags, str } from './cli.js';
+import { modelsListBody } from './load.js';
 
 interface BenchConfig {
   keys: Record<string, { sha256: string }>;
-  models: Record<string, { provider: string }>;
+  models: Record<string, { provider: string; displayName?: string; outputTokenLimit?: number }>;
 }
 
-function arg(name: string, fallback?: string): string {
-  const i = process.argv.indexOf(name);
-  const value = i === -1 ? fallback : process.argv[i + 1];
-  if (value === undefined) {
-    process.stderr.write(`usage: baseline.ts --config FILE [--port PORT]\n`);
-    process.exit(2);
-  }
-  return value;
-}
+const flags = parseFlags('baseline.ts', {
+  config: str({ default: '', arg: 'FILE', help: "the gateway's config file (keys and models)" }),
+  port: int({ default: 0, min: 0, max: 65535, help: 'port on 127.0.0.1, 0 = any free one' }),
+}, { check: (f) => (f.config === '' ? '--config is required' : null) });
 
-const config = JSON.parse(readFileSync(arg('--config'), 'utf8')) as BenchConfig;
+const config = JSON.parse(readFileSync(flags.config, 'utf8')) as BenchConfig;
 const createdS = Math.floor(Date.now() / 1000);
-const data = Object.keys(config.models).sort().map((id) => ({ id, object: 'model', created: createdS, owned_by: config.models[id]!.provider }));
-const BODY = Buffer.from(JSON.stringify({ object: 'list', data }));
+const BODY = Buffer.from(modelsListBody(Object.entries(config.models).map(([id, m]) =>
+  ({ id, owned_by: m.provider, display_name: m.displayName, max_tokens: m.outputTokenLimit })), createdS));
 const BODY_LENGTH = String(BODY.length);
 const UNAUTHORIZED = Buffer.from(JSON.stringify({ error: { type: 'authentication_error', code: 'invalid_api_key', message: 'Invalid API key.' } }));
 const NOT_FOUND = Buffer.from(JSON.stringify({ error: { type: 'not_found_error', code: 'not_found', message: 'Not found.' } }));
@@ -75,7 +72,7 @@ const server = createServer({ keepAliveTimeout: 65_000 }, (req, res) => {
   res.end(body);
 });
 
-server.listen(Number(arg('--port', '0')), '127.0.0.1', () => {
+server.listen(flags.port, '127.0.0.1', () => {
   const { port } = server.address() as AddressInfo;
   process.stdout.write(`${JSON.stringify({ time: new Date().toISOString(), level: 'info', msg: 'listening', url: `http://127.0.0.1:${port}` })}\n`);
 });

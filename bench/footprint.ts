@@ -22,9 +22,8 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import {
-  fmtInt, fmtMB, fmtMs, median, non200, once, openLoop, rawRequest, rssBytes, sleep, startChild, stopChild, waitForQuiet, watchOthers,
-} from './rawhttp.js';
+import { fmtInt, fmtMB, fmtMs, int, median, metText, num, parseFlags, round3, runMain, statusText } from './cli.js';
+import { non200, once, openLoop, rawRequest, rssBytes, sleep, startChild, stopChild, waitForQuiet, watchOthers } from './rawhttp.js';
 
 const ROOT = resolve(__dirname, '..');
 const BUNDLE = 'dist/model-gateway.js';
@@ -33,33 +32,15 @@ const TARGET_START_MS = 150;
 const TARGET_LOAD_MB = 100;
 const MB = 1024 * 1024;
 
-interface Flags {
-  starts: number;
-  accounts: number;
-  rate: number;
-  loadS: number;
-  idleS: number;
-  /** Diagnosis: V8's --max-semi-space-size (MB) for the gateway of phase 2; 0 = Node's default. */
-  semiSpaceMB: number;
-}
-
-function parseFlags(argv: string[]): Flags {
-  const flags: Flags = { starts: 10, accounts: 10_000, rate: 1000, loadS: 20, idleS: 75, semiSpaceMB: 0 };
-  const names: Record<string, keyof Flags> = {
-    '--starts': 'starts', '--accounts': 'accounts', '--rate': 'rate', '--load': 'loadS', '--idle': 'idleS', '--max-semi-space': 'semiSpaceMB',
-  };
-  for (let i = 0; i < argv.length; i++) {
-    const [name, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
-    const field = names[name];
-    const value = Number(inline ?? argv[++i]);
-    if (field === undefined || !Number.isFinite(value) || value < 0 || (value === 0 && field !== 'semiSpaceMB')) {
-      process.stderr.write('usage: footprint.ts [--starts N] [--accounts N] [--rate R] [--load S] [--idle S] [--max-semi-space MB]\n');
-      process.exit(2);
-    }
-    flags[field] = value;
-  }
-  return flags;
-}
+const FLAGS = {
+  starts: int({ default: 10, help: 'start-ups of each server, alternating' }),
+  accounts: int({ default: 10_000, help: 'accounts (one key each) in the config of phase 2' }),
+  rate: num({ default: 1000, arg: 'R', help: 'phase 2: requests per second, open loop' }),
+  loadS: num({ name: 'load', default: 20, help: 'phase 2: seconds of load' }),
+  idleS: num({ name: 'idle', default: 75, help: 'phase 2: seconds idle after the load' }),
+  /** Diagnosis: V8's --max-semi-space-size for the gateway of phase 2; 0 = Node's default. */
+  semiSpaceMB: int({ name: 'max-semi-space', default: 0, min: 0, arg: 'MB', help: "phase 2: V8's --max-semi-space-size for the gateway, 0 = Node's default" }),
+};
 
 /** The least a Node server can be: node:http, listens, prints the same "listening" line. */
 const BARE_SERVER = `'use strict';
@@ -134,7 +115,7 @@ function startOnce(args: string[], idleMs: number | null): Promise<Start> {
 }
 
 async function main(): Promise<number> {
-  const flags = parseFlags(process.argv.slice(2));
+  const flags = parseFlags('footprint.ts', FLAGS);
   const dir = mkdtempSync(join(tmpdir(), 'mg-bench-footprint-'));
   let stopGateway: (() => Promise<void>) | null = null;
   const cleanup = async () => {
@@ -177,8 +158,8 @@ async function main(): Promise<number> {
     others.endPhase('1 start-up and idle RSS');
     const startRatio = startMs.bundle! / startMs.bare!;
     const idleRatio = idleRss.bundle! / idleRss.bare!;
-    process.stdout.write(`  bundle / bare: start-up ${startRatio.toFixed(2)}x (+${(startMs.bundle! - startMs.bare!).toFixed(1)} ms; target <= ${TARGET_START_MS} ms: ${startMs.bundle! <= TARGET_START_MS ? 'met' : 'NOT met'}), ` +
-      `idle RSS ${idleRatio.toFixed(2)}x (+${fmtMB(idleRss.bundle! - idleRss.bare!)} MB; target <= ${TARGET_IDLE_MB} MB: ${idleRss.bundle! <= TARGET_IDLE_MB * MB ? 'met' : 'NOT met'})\n`);
+    process.stdout.write(`  bundle / bare: start-up ${startRatio.toFixed(2)}x (+${(startMs.bundle! - startMs.bare!).toFixed(1)} ms; target <= ${TARGET_START_MS} ms: ${metText(startMs.bundle! <= TARGET_START_MS)}), ` +
+      `idle RSS ${idleRatio.toFixed(2)}x (+${fmtMB(idleRss.bundle! - idleRss.bare!)} MB; target <= ${TARGET_IDLE_MB} MB: ${metText(idleRss.bundle! <= TARGET_IDLE_MB * MB)})\n`);
 
     // 2. RSS over many accounts.
     process.stdout.write(`\n2. ${fmtInt(flags.accounts)} accounts (one sha256 key each, plan rpm 60, concurrency 4): open loop ${fmtInt(flags.rate)} req/s of GET /v1/models round-robin over the keys for ${flags.loadS} s, then ${flags.idleS} s idle\n`);
@@ -228,8 +209,8 @@ async function main(): Promise<number> {
     const rssAtEnd = rssBytes(gw.pid);
     const heapAtEnd = heap();
     process.stdout.write(`  load: ${fmtInt(res.sent)} sent, ${fmtInt(res.rps)} answered/s, p50 ${fmtMs(res.total.quantileUs(0.5))} ms, p99 ${fmtMs(res.total.quantileUs(0.99))} ms, ` +
-      `statuses ${Object.entries(res.statuses).map(([k, v]) => `${k}:${v}`).join(' ')}${res.errors > 0 ? ` errors:${res.errors}` : ''}${res.badBodies > 0 ? ` bad:${res.badBodies}` : ''}\n`);
-    process.stdout.write(`  RSS idle with the config ${fmtMB(rssStart)} MB; under load max ${fmtMB(maxLoad)} MB (target <= ${TARGET_LOAD_MB} MB: ${maxLoad <= TARGET_LOAD_MB * MB ? 'met' : 'NOT met'}); at the end of the load ${fmtMB(rssAtEnd)} MB\n`);
+      `statuses ${statusText(res)}\n`);
+    process.stdout.write(`  RSS idle with the config ${fmtMB(rssStart)} MB; under load max ${fmtMB(maxLoad)} MB (target <= ${TARGET_LOAD_MB} MB: ${metText(maxLoad <= TARGET_LOAD_MB * MB)}); at the end of the load ${fmtMB(rssAtEnd)} MB\n`);
 
     const checkpoints = [5, 30, 60, 65, 70, flags.idleS].filter((s, i, a) => s <= flags.idleS && a.indexOf(s) === i);
     const after: Record<string, number | null> = {};
@@ -254,8 +235,8 @@ async function main(): Promise<number> {
     const mb = (b: number | null) => (b === null ? null : r1(b / MB));
     process.stdout.write(`${JSON.stringify({
       bench: 'footprint', node: process.version, date: new Date().toISOString(), cpus: cpu.length, flags,
-      startMs: Object.fromEntries(names.map((n) => [n, r1(startMs[n]!)])), startRatio: Math.round(startRatio * 1000) / 1000,
-      idleRssMB: { bundle: mb(idleRss.bundle!), bare: mb(idleRss.bare!) }, idleRatio: Math.round(idleRatio * 1000) / 1000,
+      startMs: Object.fromEntries(names.map((n) => [n, r1(startMs[n]!)])), startRatio: round3(startRatio),
+      idleRssMB: { bundle: mb(idleRss.bundle!), bare: mb(idleRss.bare!) }, idleRatio: round3(idleRatio),
       accounts: { rssIdleMB: mb(rssStart), rssMaxUnderLoadMB: mb(maxLoad), rssEndOfLoadMB: mb(rssAtEnd),
         rssAfterMB: Object.fromEntries(Object.entries(after).map(([k, v]) => [k, mb(v)])), sent: res.sent, p99Ms: res.total.quantileUs(0.99) / 1000,
         heapAfterFullGcMB: { beforeLoad: heapStart?.afterMB ?? null, endOfLoad: heapAtEnd?.afterMB ?? null, end: heapEnd?.afterMB ?? null } },
@@ -267,9 +248,4 @@ async function main(): Promise<number> {
   return bad === 0 ? 0 : 1;
 }
 
-main().then((code) => {
-  process.exitCode = code;
-}, (err: unknown) => {
-  process.stderr.write(`footprint bench failed: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
-  process.exitCode = 1;
-});
+runMain('footprint bench', main);

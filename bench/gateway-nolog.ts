@@ -7,14 +7,12 @@
  *   node bench/gateway-nolog.ts --config FILE   (with --import tsx)
  */
 import { Gateway, Logger, createGatewayServer, listen, loadConfigFile } from '../dist/index.js';
+import { parseFlags, str } from './cli.js';
 
-const i = process.argv.indexOf('--config');
-const file = i === -1 ? undefined : process.argv[i + 1];
-if (file === undefined) {
-  process.stderr.write('usage: gateway-nolog.ts --config FILE\n');
-  process.exit(2);
-}
-const loaded = loadConfigFile(file);
+const flags = parseFlags('gateway-nolog.ts', {
+  config: str({ default: '', arg: 'FILE', help: "the gateway's config file" }),
+}, { check: (f) => (f.config === '' ? '--config is required' : null) });
+const loaded = loadConfigFile(flags.config);
 if (!loaded.ok) {
   process.stderr.write(`invalid config: ${loaded.errors.join('; ')}\n`);
   process.exit(1);

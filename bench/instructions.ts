@@ -21,7 +21,8 @@ import { hash, randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { closedLoop, median, once, rawRequest, startChild, stopChild, type Child } from './rawhttp.js';
+import { fmtInt, int, median, num, parseFlags, runMain, strs } from './cli.js';
+import { closedLoop, once, rawRequest, startChild, stopChild, type Child } from './rawhttp.js';
 
 const ROOT = resolve(__dirname, '..');
 
@@ -31,31 +32,16 @@ function control(flag: string, value: string | null, pid: number): void {
 }
 const PROXY = join(__dirname, 'proxy.ts');
 
-interface Flags { gateways: Array<[string, string]>; warmupS: number; windowS: number; windows: number }
-
-function parseFlags(argv: string[]): Flags {
-  const flags: Flags = { gateways: [], warmupS: 15, windowS: 8, windows: 3 };
-  for (let i = 0; i < argv.length; i++) {
-    const name = argv[i]!;
-    const value = argv[++i];
-    if (name === '--gateway' && value !== undefined && /^[\w-]+=.+$/.test(value)) {
-      const [label, dir] = value.split('=', 2) as [string, string];
-      flags.gateways.push([label, dir]);
-    } else if (['--warmup', '--window', '--windows'].includes(name) && Number(value) > 0) {
-      if (name === '--warmup') flags.warmupS = Number(value);
-      if (name === '--window') flags.windowS = Number(value);
-      if (name === '--windows') flags.windows = Number(value);
-    } else {
-      process.stderr.write('usage: instructions.ts [--gateway NAME=DIST_DIR ...] [--warmup S] [--window S] [--windows N]\n');
-      process.exit(2);
-    }
-  }
-  if (flags.gateways.length === 0) flags.gateways.push(['gateway', 'dist']);
-  return flags;
-}
+const FLAGS = {
+  gateways: strs({ name: 'gateway', arg: 'NAME=DIST_DIR', pattern: /^[\w-]+=.+$/, help: 'a build to measure (default: gateway=dist)' }),
+  warmupS: num({ name: 'warmup', default: 15, help: 'seconds of warmup per server' }),
+  windowS: num({ name: 'window', default: 8, help: 'seconds per counted window' }),
+  windows: int({ default: 3, help: 'counted windows per server' }),
+};
 
 async function main(): Promise<void> {
-  const flags = parseFlags(process.argv.slice(2));
+  const flags = parseFlags('instructions.ts', FLAGS);
+  const gateways = (flags.gateways.length === 0 ? ['gateway=dist'] : flags.gateways).map((g) => g.split('=', 2) as [string, string]);
   const dir = mkdtempSync(join(tmpdir(), 'mg-bench-instr-'));
   const children: Child[] = [];
   try {
@@ -83,7 +69,7 @@ async function main(): Promise<void> {
       providers: { fake: { protocol: 'openai', baseUrl: `http://127.0.0.1:${provider.port}/v1`, apiKeyEnv: 'BENCH_PROVIDER_KEY' } },
     };
     writeFileSync(join(dir, 'gateway.json'), JSON.stringify(config));
-    for (const [name, dist] of flags.gateways) {
+    for (const [name, dist] of gateways) {
       const child = await startChild(name, underCallgrind(name)[0]!, [...underCallgrind(name).slice(1), join(resolve(ROOT, dist), 'main.js'),
         '--config', join(dir, 'gateway.json'), '--port', '0'], dir, { cwd: ROOT, env: { ...process.env, BENCH_PROVIDER_KEY: providerKey }, timeoutMs: 120_000 });
       children.push(child);
@@ -116,7 +102,7 @@ async function main(): Promise<void> {
         if (w > 1) perCall.push(Math.round(total / run.requests));
       }
       control('-i', 'off', child.pid);
-      process.stdout.write(`  ${name.padEnd(10)} ${perCall.map((n) => n.toLocaleString('en-US')).join('  ')}   median ${median(perCall).toLocaleString('en-US')}\n`);
+      process.stdout.write(`  ${name.padEnd(10)} ${perCall.map(fmtInt).join('  ')}   median ${fmtInt(median(perCall))}\n`);
       await stopChild(child.child);
     }
   } finally {
@@ -125,7 +111,4 @@ async function main(): Promise<void> {
   }
 }
 
-main().catch((err: unknown) => {
-  process.stderr.write(`${String((err as Error)?.stack ?? err)}\n`);
-  process.exit(1);
-});
+runMain('instructions bench', main);

@@ -25,34 +25,18 @@ import { join, resolve } from 'node:path';
 import { FileLedger } from '../src/ledger/file.js';
 import { decodeRecord } from '../src/ledger/record.js';
 import { generate, History, type Flags as StartupFlags } from './ledger-startup.js';
-import { median } from './rawhttp.js';
+import { bool, fmtInt, int, median, parseFlags, path, runMain } from './cli.js';
 
 const ROOT = resolve(__dirname, '..');
 
-interface Flags {
-  before: string | null;
-  records: number;
-  accounts: number;
-  pages: number;
-  keep: boolean;
-  dir: string | null;
-}
-
-function parseFlags(argv: string[]): Flags {
-  const flags: Flags = { before: null, records: 10_000_000, accounts: 1000, pages: 20, keep: false, dir: null };
-  for (let i = 0; i < argv.length; i++) {
-    const name = argv[i]!;
-    if (name === '--keep') flags.keep = true;
-    else if (name === '--before' || name === '--dir') flags[name === '--before' ? 'before' : 'dir'] = resolve(argv[++i]!);
-    else if (['--records', '--accounts', '--pages'].includes(name) && Number(argv[i + 1]) > 0) {
-      flags[name.slice(2) as 'records' | 'accounts' | 'pages'] = Number(argv[++i]);
-    } else {
-      process.stderr.write('usage: ledger-history.ts [--before OLD_DIST] [--records N] [--accounts N] [--pages N] [--keep] [--dir DIR]\n');
-      process.exit(2);
-    }
-  }
-  return flags;
-}
+const FLAGS = {
+  before: path({ arg: 'OLD_DIST', help: 'the dist/ of the build before back pointers, to compare' }),
+  records: int({ default: 10_000_000, help: 'records to generate' }),
+  accounts: int({ default: 1000, help: 'accounts the charges go to' }),
+  pages: int({ default: 20, help: 'history calls of each kind' }),
+  keep: bool({ help: 'keep the generated directory' }),
+  dir: path({ help: 'use this ledger directory instead of generating one' }),
+};
 
 /** Writes each sealed segment's `.idx` (account -> [offset, length, ...]) as the build before back pointers did. */
 function writeLegacyIndexes(dir: string): void {
@@ -132,19 +116,19 @@ function runChild(dist: string, dir: string, light: string, heavy: string, pages
 }
 
 async function main(): Promise<void> {
-  const flags = parseFlags(process.argv.slice(2));
+  const flags = parseFlags('ledger-history.ts', FLAGS);
   const dir = flags.dir ?? mkdtempSync(join(tmpdir(), 'mg-bench-history-'));
   try {
     if (flags.dir === null) {
       const startup: StartupFlags = {
         records: flags.records, accounts: flags.accounts, models: 4, days: 30, batch: 20_000, opens: 1, starts: 1, keep: true, dir: null,
       };
-      process.stdout.write(`generating ${flags.records.toLocaleString('en-US')} records in ${dir}\n`);
+      process.stdout.write(`generating ${fmtInt(flags.records)} records in ${dir}\n`);
       const first = await FileLedger.open(dir);
       await first.append({
         id: 'le_light', type: 'credit', accountId: 'acct_light', keyId: null, amountMicro: 1_000_000, balanceAfterMicro: 1_000_000,
         createdAt: Date.now() - 31 * 86_400_000, requestId: null, model: null, inputTokens: 0, outputTokens: 0, estimated: false, note: null,
-        idempotencyKey: null,
+        idempotencyKey: null, deployment: null,
       });
       await first.close();
       const g = await generate(dir, startup, new History(startup, Date.now()));
@@ -176,7 +160,4 @@ async function main(): Promise<void> {
   }
 }
 
-main().catch((err: unknown) => {
-  process.stderr.write(`ledger-history bench failed: ${(err as Error)?.stack ?? String(err)}\n`);
-  process.exitCode = 1;
-});
+runMain('ledger-history bench', main);

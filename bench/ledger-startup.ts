@@ -29,9 +29,10 @@ import { performance } from 'node:perf_hooks';
 import { FileLedger } from '../src/ledger/file.js';
 import { encodeRecord } from '../src/ledger/record.js';
 import type { LedgerEntry } from '../src/ledger/types.js';
-import { journalStats, ROOT, round3 } from './ledger.js';
+import { bool, fmtInt, int, median, metText, parseFlags, round3, runMain, str, type FlagValues } from './cli.js';
+import { journalStats, ROOT } from './ledger.js';
 import { rng } from '../test/helpers/fake-clock.js';
-import { machineCpu, median, sleep } from './rawhttp.js';
+import { machineCpu, sleep } from './rawhttp.js';
 
 const TARGET_MS = 2000;
 const SEGMENT_BYTES = 16 * 1024 * 1024; // FileLedger's default maxSegmentBytes
@@ -47,46 +48,18 @@ const MODELS: Array<{ id: string; inputPerMillion: number; outputPerMillion: num
   { id: 'llama-70b', inputPerMillion: 0.6, outputPerMillion: 0.6 },
 ];
 
-export interface Flags {
-  records: number;
-  accounts: number;
-  models: number;
-  days: number;
-  batch: number;
-  opens: number;
-  starts: number;
-  keep: boolean;
-  dir: string | null;
-}
-
-function parseFlags(argv: string[]): Flags {
-  const flags: Flags = { records: 5_000_000, accounts: 1000, models: 4, days: 30, batch: 20_000, opens: 5, starts: 3, keep: false, dir: null };
-  const numeric: Record<string, 'records' | 'accounts' | 'models' | 'days' | 'batch' | 'opens' | 'starts'> = {
-    '--records': 'records', '--accounts': 'accounts', '--models': 'models', '--days': 'days', '--batch': 'batch', '--opens': 'opens', '--starts': 'starts',
-  };
-  const usage = () => {
-    process.stderr.write('usage: ledger-startup.ts [--records N] [--accounts N] [--models N<=8] [--days N] [--batch N] [--opens N] [--starts N] [--keep] [--dir DIR]\n');
-    process.exit(2);
-  };
-  for (let i = 0; i < argv.length; i++) {
-    const [name, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
-    if (name === '--keep') {
-      flags.keep = true;
-      continue;
-    }
-    if (name === '--dir') {
-      flags.dir = inline ?? argv[++i] ?? null;
-      if (flags.dir === null) usage();
-      continue;
-    }
-    const field = numeric[name];
-    const value = Number(inline ?? argv[++i]);
-    if (field === undefined || !Number.isInteger(value) || value < 1) usage();
-    flags[field!] = value;
-  }
-  if (flags.models > MODELS.length || flags.records > 50_000_000 || flags.records < flags.accounts || flags.opens > 50 || flags.starts > 50) usage();
-  return flags;
-}
+const FLAGS = {
+  records: int({ default: 5_000_000, max: 50_000_000, help: 'records to generate (at least --accounts)' }),
+  accounts: int({ default: 1000, help: 'accounts, two keys each' }),
+  models: int({ default: 4, max: MODELS.length, help: 'models the charges use' }),
+  days: int({ default: 30, help: 'days the history spans' }),
+  batch: int({ default: 20_000, help: 'concurrent appends per group commit while generating' }),
+  opens: int({ default: 5, max: 50, help: 'timed FileLedger.open runs' }),
+  starts: int({ default: 3, max: 50, help: 'timed gateway start-ups' }),
+  keep: bool({ help: 'keep the generated data' }),
+  dir: str({ default: null, arg: 'DIR', help: 'time an existing ledger directory instead (not modified by generation)' }),
+};
+export type Flags = FlagValues<typeof FLAGS>;
 
 // ---------------------------------------------------------------------------------------------
 // Generation
@@ -118,7 +91,7 @@ export class History {
       return {
         id: `le_${i.toString(36).padStart(10, '0')}`, type: 'credit', accountId: accountId(i), keyId: null, amountMicro: INITIAL_CREDIT_MICRO,
         balanceAfterMicro: this.balances[i]!, createdAt: this.start, requestId: null, model: null, inputTokens: 0, outputTokens: 0,
-        estimated: false, note: 'initial balance', idempotencyKey: null,
+        estimated: false, note: 'initial balance', idempotencyKey: null, deployment: null,
       };
     }
     // Skewed towards low account numbers (a few heavy users), like real traffic.
@@ -132,7 +105,7 @@ export class History {
       id: `le_${i.toString(36).padStart(10, '0')}`, type: 'charge', accountId: accountId(a), keyId: keyId(a, this.random() < 0.7 ? 0 : 1),
       amountMicro: -cost, balanceAfterMicro: this.balances[a]!,
       createdAt: this.start + Math.floor(Math.min(1, (i - n) / Math.max(1, this.flags.records - n)) * this.spanMs), // top-ups: now
-      requestId: `req_${i.toString(36).padStart(10, '0')}`, model: m.id, inputTokens, outputTokens, estimated: this.random() < 0.001, note: null, idempotencyKey: null,
+      requestId: `req_${i.toString(36).padStart(10, '0')}`, model: m.id, inputTokens, outputTokens, estimated: this.random() < 0.001, note: null, idempotencyKey: null, deployment: 'mock',
     };
   }
 }
@@ -179,7 +152,7 @@ export async function generate(dir: string, flags: Flags, history: History): Pro
     await appendAll(ledger, entries);
     done += count;
     if (done / flags.records >= nextReport) {
-      process.stdout.write(`  generated ${done.toLocaleString('en-US')} records (${Math.round((done / flags.records) * 100)}%), ${((performance.now() - t0) / 1000).toFixed(1)} s\n`);
+      process.stdout.write(`  generated ${fmtInt(done)} records (${Math.round((done / flags.records) * 100)}%), ${((performance.now() - t0) / 1000).toFixed(1)} s\n`);
       nextReport += 0.1;
     }
   }
@@ -409,14 +382,14 @@ async function measure(label: string, ledgerDir: string, configs: { file: string
   if (after.bytes !== m.dir.bytes || after.files !== m.dir.files) throw new Error(`the ledger directory changed while timing start-up (${m.dir.bytes} -> ${after.bytes} bytes)`);
   const f = (xs: number[]) => xs.map((x) => x.toFixed(0)).join(', ');
   process.stdout.write(
-    `\n${label}: ${records.toLocaleString('en-US')} records, ${m.dir.segments} segments, open segment ${m.dir.openSegment} ${(m.dir.openSegmentBytes / 1048576).toFixed(1)} MB, ` +
+    `\n${label}: ${fmtInt(records)} records, ${m.dir.segments} segments, open segment ${m.dir.openSegment} ${(m.dir.openSegmentBytes / 1048576).toFixed(1)} MB, ` +
     `snapshot ${(m.dir.snapshotBytes / 1048576).toFixed(1)} MB, ${m.accounts} accounts\n` +
     `  FileLedger.open, fresh process:     median ${median(m.openMs).toFixed(0)} ms  (runs: ${f(m.openMs)}; rss after open ${m.rssMb.toFixed(0)} MB)\n` +
-    `  gateway spawn -> listening (file):   median ${median(m.gatewayMs).toFixed(0)} ms  (runs: ${f(m.gatewayMs)})  target < ${TARGET_MS} ms: ${median(m.gatewayMs) < TARGET_MS ? 'met' : 'NOT met'}\n` +
+    `  gateway spawn -> listening (file):   median ${median(m.gatewayMs).toFixed(0)} ms  (runs: ${f(m.gatewayMs)})  target < ${TARGET_MS} ms: ${metText(median(m.gatewayMs) < TARGET_MS)}\n` +
     `  gateway spawn -> listening (memory): median ${median(m.memoryGatewayMs).toFixed(0)} ms  (runs: ${f(m.memoryGatewayMs)})  reference: no ledger to read\n` +
     (m.breakdown === null ? '' : `  open, step by step: read snapshot ${m.breakdown.readSnapshotMs.toFixed(0)} ms, JSON.parse ${m.breakdown.parseSnapshotMs.toFixed(0)} ms, ` +
       `LedgerBook.load ${m.breakdown.loadBookMs.toFixed(0)} ms; open segment: read ${m.breakdown.readSegmentMs.toFixed(0)} ms, ` +
-      `decode ${m.breakdown.segmentRecords.toLocaleString('en-US')} records ${m.breakdown.decodeMs.toFixed(0)} ms, apply ${m.breakdown.applyMs.toFixed(0)} ms (+ index, not timed)\n`) +
+      `decode ${fmtInt(m.breakdown.segmentRecords)} records ${m.breakdown.decodeMs.toFixed(0)} ms, apply ${m.breakdown.applyMs.toFixed(0)} ms (+ index, not timed)\n`) +
     (m.background.length === 0 ? '' : `  other processes' CPU just before each run: median ${Math.round(median(m.background) * 100)}%, max ${Math.round(Math.max(...m.background) * 100)}% of a core` +
       `${Math.max(...m.background) > 0.25 ? '  (NOTE: not a quiet machine; figures disturbed)' : ''}\n`),
   );
@@ -436,7 +409,7 @@ const summarize = (m: Measure) => ({
 
 async function main(): Promise<number> {
   process.stdout.on('error', () => {}); // a closed pipe (| head) must not skip the clean-up
-  const flags = parseFlags(process.argv.slice(2));
+  const flags = parseFlags('ledger-startup.ts', FLAGS, { check: (f) => (f.records < f.accounts ? '--records must be at least --accounts' : null) });
   const tmp = mkdtempSync(join(tmpdir(), 'mg-ledger-startup-'));
   const ledgerDir = flags.dir ?? join(tmp, 'ledger');
   const remove = () => {
@@ -463,8 +436,8 @@ async function main(): Promise<number> {
     const cpu = cpus();
     process.stdout.write(
       `ledger start-up: node ${process.version}, ${cpu.length} cores (${cpu[0]?.model ?? '?'})\n` +
-      `ledger dir ${ledgerDir}${flags.dir === null ? ` (generated: ${flags.records.toLocaleString('en-US')} records, ${flags.accounts} accounts x 2 keys, ` +
-        `${flags.models} models, ${flags.days} days, batches of ${flags.batch.toLocaleString('en-US')} concurrent appends)` : ' (existing, not modified by generation)'}\n`,
+      `ledger dir ${ledgerDir}${flags.dir === null ? ` (generated: ${fmtInt(flags.records)} records, ${flags.accounts} accounts x 2 keys, ` +
+        `${flags.models} models, ${flags.days} days, batches of ${fmtInt(flags.batch)} concurrent appends)` : ' (existing, not modified by generation)'}\n`,
     );
     const history = new History(flags, Date.now());
     let generation: { ms: number; commits: number } | null = null;
@@ -472,7 +445,7 @@ async function main(): Promise<number> {
       generation = await generate(ledgerDir, flags, history);
       const info = dirInfo(ledgerDir);
       process.stdout.write(
-        `generated in ${(generation.ms / 1000).toFixed(1)} s (${Math.round(flags.records / (generation.ms / 1000)).toLocaleString('en-US')} records/s, ` +
+        `generated in ${(generation.ms / 1000).toFixed(1)} s (${fmtInt(flags.records / (generation.ms / 1000))} records/s, ` +
         `${generation.commits} commits): ${info.files} files, ${(info.bytes / 1048576).toFixed(1)} MB\n`,
       );
     }
@@ -481,10 +454,10 @@ async function main(): Promise<number> {
     results.push(await measure(flags.dir === null ? 'as generated' : 'existing directory', ledgerDir, configs, flags));
     if (flags.dir === null) {
       const added = await topUp(ledgerDir, history);
-      results.push(await measure(`worst case (open segment topped up with ${added.toLocaleString('en-US')} charges to just under 16 MB)`, ledgerDir, configs, flags));
+      results.push(await measure(`worst case (open segment topped up with ${fmtInt(added)} charges to just under 16 MB)`, ledgerDir, configs, flags));
     }
     const met = results.every((m) => median(m.gatewayMs) < TARGET_MS);
-    process.stdout.write(`\ntarget: gateway start-up < ${TARGET_MS} ms: ${met ? 'met' : 'NOT met'}\n`);
+    process.stdout.write(`\ntarget: gateway start-up < ${TARGET_MS} ms: ${metText(met)}\n`);
     process.stdout.write(`${JSON.stringify({
       bench: 'ledger start-up', node: process.version, cores: cpu.length, date: new Date().toISOString(),
       generated: flags.dir === null ? { records: flags.records, accounts: flags.accounts, models: flags.models, days: flags.days, batch: flags.batch,
@@ -498,11 +471,4 @@ async function main(): Promise<number> {
   }
 }
 
-if (require.main === module) {
-  main().then((code) => {
-    process.exitCode = code;
-  }, (err: unknown) => {
-    process.stderr.write(`ledger-startup bench failed: ${(err as Error)?.stack ?? String(err)}\n`);
-    process.exitCode = 1;
-  });
-}
+if (require.main === module) runMain('ledger-startup bench', main);

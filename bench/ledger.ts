@@ -13,11 +13,12 @@
  *
  * 1. Starts dist/main.js twice as child processes on 127.0.0.1 (memory ledger; file ledger in a
  *    fresh temp dir), stdout and stderr to files (the access log never blocks the gateway).
- * 2. Checks the first answer of each on the loader's own raw socket: a correct 200 chat completion.
- * 3. Loads them alternately, `rounds` x [memory, file] for `duration` s each after a warmup, with
- *    the closed-loop POST generator below: raw keep-alive `node:net` sockets, one precomputed
- *    request Buffer, answers parsed by content-length only (node's http client would measure
- *    itself on a 2-core box). One request in flight per connection.
+ * 2. Checks the first answer of each (rawhttp.ts's `once`, load.ts's `checkChat`): a correct 200
+ *    chat completion.
+ * 3. Loads them alternately, `rounds` x [memory, file] for `duration` s each after a warmup
+ *    (cli.ts's `runRounds`, this order every round), with rawhttp.ts's closed loop: raw keep-alive
+ *    `node:net` sockets, one precomputed request Buffer (node's http client would measure itself
+ *    on a 2-core box). One request in flight per connection.
  * 4. Records per group commit in the gateway itself: both gateways run with a small preload
  *    (`-r probe.cjs`, written to the temp dir) that keeps the FileLedger `FileLedger.open`
  *    returns and prints its `stats` to stderr on SIGUSR2; read before and after each timed
@@ -42,7 +43,11 @@ import { randomBytes } from 'node:crypto';
 import { FileLedger } from '../src/ledger/file.js';
 import { PostgresLedger } from '../src/ledger/postgres.js';
 import type { LedgerEntry } from '../src/ledger/types.js';
-import { closedLoop, median, openSocket, sleep, startChild, stopChild, type Child } from './rawhttp.js';
+import {
+  choice, fmtInt, fmtMs, fmtRatio, fmtUs, int, median, metText, num, parseFlags, pct, round3, runMain, runRounds, statusText, type FlagValues,
+} from './cli.js';
+import { checkChat, type CheckResult } from './load.js';
+import { closedLoop, once, rawRequest, sleep, startChild, stopChild, type Child } from './rawhttp.js';
 
 export const ROOT = resolve(__dirname, '..');
 /** Durable-ledger req/s as a share of the memory ledger's: file >= 0.80x, PostgreSQL >= 0.70x. */
@@ -53,54 +58,20 @@ const KEY = 'sk-bench';
 const PROMPT = 'hello there, bench';
 const BODY = JSON.stringify({ model: 'paid', messages: [{ role: 'user', content: PROMPT }] });
 
-interface Flags {
-  rounds: number;
-  durationS: number;
-  connections: number;
-  warmupS: number;
-  sync: number;
-  concurrent: number;
-  store: 'file' | 'postgres';
-}
-
-function parseFlags(argv: string[]): Flags {
-  const flags: Flags = { rounds: 3, durationS: 5, connections: 32, warmupS: 2, sync: 300, concurrent: 10_000, store: 'file' };
-  const names: Record<string, keyof Flags> = {
-    '--rounds': 'rounds', '--duration': 'durationS', '--connections': 'connections', '--warmup': 'warmupS',
-    '--sync': 'sync', '--concurrent': 'concurrent',
-  };
-  for (let i = 0; i < argv.length; i++) {
-    const [name, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
-    if (name === '--store') {
-      const store = inline ?? argv[++i];
-      if (store !== 'file' && store !== 'postgres') {
-        process.stderr.write('--store must be file or postgres\n');
-        process.exit(2);
-      }
-      flags.store = store;
-      continue;
-    }
-    const field = names[name] as Exclude<keyof Flags, 'store'> | undefined;
-    const value = Number(inline ?? argv[++i]);
-    const fractional = field === 'durationS' || field === 'warmupS';
-    if (field === undefined || !Number.isFinite(value) || value < (field === 'warmupS' ? 0 : 1) || value > 100_000 || (!fractional && !Number.isInteger(value))) {
-      process.stderr.write('usage: ledger.ts [--rounds N] [--duration S] [--connections N] [--warmup S] [--sync N] [--concurrent N]\n' +
-        `bad argument: ${argv[i - 1] ?? name}\n`);
-      process.exit(2);
-    }
-    flags[field] = value;
-  }
-  if (flags.durationS > 120 || flags.warmupS > 60 || flags.rounds > 20) throw new Error('--duration <= 120, --warmup <= 60, --rounds <= 20');
-  return flags;
-}
+const FLAGS = {
+  rounds: int({ default: 3, max: 20, help: 'rounds of [memory, durable]' }),
+  durationS: num({ name: 'duration', default: 5, min: 1, max: 120, help: 'seconds per timed run' }),
+  connections: int({ default: 32, max: 100_000, help: 'keep-alive connections' }),
+  warmupS: num({ name: 'warmup', default: 2, min: 0, max: 60, help: 'seconds of warmup per gateway (0: none)' }),
+  sync: int({ default: 300, max: 100_000, help: 'in-process sequential single appends' }),
+  concurrent: int({ default: 10_000, max: 100_000, help: 'in-process concurrent appends' }),
+  store: choice({ choices: ['file', 'postgres'], default: 'file', help: 'the durable ledger measured against the memory ledger' }),
+};
+type Flags = FlagValues<typeof FLAGS>;
 
 // ---------------------------------------------------------------------------------------------
 // Small shared helpers (bench/ledger-startup.ts uses them too)
 // ---------------------------------------------------------------------------------------------
-
-export const round3 = (x: number) => Math.round(x * 1000) / 1000;
-const int = (n: number) => Math.round(n).toLocaleString('en-US');
-const msText = (us: number) => (us / 1000).toFixed(2);
 
 /** Sum of the sizes of the journal segments and the number of lines (records) in them. */
 export function journalStats(dir: string): { segments: number; bytes: number; lines: number } {
@@ -179,97 +150,12 @@ async function readProbe(server: Child): Promise<CommitStats | null> {
 // The POST load generator
 // ---------------------------------------------------------------------------------------------
 
-const HEADER_END = Buffer.from('\r\n\r\n');
-const CONTENT_LENGTH = Buffer.from('\r\ncontent-length:');
+/** The load's exact request: a billable chat call (the mock provider echoes the prompt). */
+const requestBytes = (port: number) => rawRequest('POST', port, '/v1/chat/completions', { 'x-api-key': KEY, 'content-type': 'application/json' }, BODY);
 
-function requestBytes(port: number): Buffer {
-  return Buffer.from(
-    'POST /v1/chat/completions HTTP/1.1\r\n' +
-    `host: 127.0.0.1:${port}\r\n` +
-    `x-api-key: ${KEY}\r\n` +
-    'content-type: application/json\r\n' +
-    `content-length: ${Buffer.byteLength(BODY)}\r\n\r\n${BODY}`,
-  );
-}
-
-/** `content-length` (any case) from the header block `buf[0, end)`; -1 if missing. */
-function contentLength(buf: Buffer, end: number): number {
-  const head = Buffer.from(buf.subarray(0, end + 2));
-  for (let i = 0; i < head.length; i++) {
-    const c = head[i]!;
-    if (c >= 65 && c <= 90) head[i] = c + 32;
-  }
-  const at = head.indexOf(CONTENT_LENGTH);
-  if (at === -1) return -1;
-  let i = at + CONTENT_LENGTH.length;
-  while (head[i] === 32) i++;
-  let n = 0;
-  let digits = 0;
-  for (; head[i]! >= 48 && head[i]! <= 57; i++, digits++) n = n * 10 + head[i]! - 48;
-  return digits === 0 ? -1 : n;
-}
-
-interface Check {
-  ok: boolean;
-  problems: string[];
-  /** Byte length of the checked body: every 200 under load must have it (fixed-length ids). */
-  bodyBytes: number;
-}
-
-/**
- * Sends the load's exact request bytes once on a raw socket, reads the whole answer and checks
- * it: 200, JSON content type, content-length (no chunking), an x-request-id, and a chat
- * completion echoing the prompt with its usage.
- */
-async function checkFirst(port: number): Promise<Check> {
-  const problems: string[] = [];
-  const socket = await openSocket(port);
-  const raw = await new Promise<Buffer>((resolve_, reject) => {
-    let buf = Buffer.alloc(0);
-    const timer = setTimeout(() => reject(new Error('no complete answer after 5 s')), 5000);
-    socket.on('data', (chunk: Buffer) => {
-      buf = Buffer.concat([buf, chunk]);
-      const end = buf.indexOf(HEADER_END);
-      if (end === -1) return;
-      const length = contentLength(buf, end);
-      if (length < 0 || buf.length >= end + 4 + length) {
-        clearTimeout(timer);
-        resolve_(buf);
-      }
-    });
-    socket.on('error', reject);
-    socket.write(requestBytes(port));
-  }).finally(() => socket.destroy());
-  const end = raw.indexOf(HEADER_END);
-  const head = raw.toString('latin1', 0, end);
-  const [statusLine, ...headerLines] = head.split('\r\n');
-  const headers = new Map(headerLines.map((l) => [l.slice(0, l.indexOf(':')).toLowerCase(), l.slice(l.indexOf(':') + 1).trim()]));
-  const body = raw.subarray(end + 4);
-  const text = body.toString('utf8');
-  if (!/^HTTP\/1\.1 200 /.test(statusLine ?? '')) problems.push(`status line ${JSON.stringify(statusLine)} (body ${text.slice(0, 200)})`);
-  if (headers.get('content-type') !== 'application/json') problems.push(`content-type ${JSON.stringify(headers.get('content-type'))}`);
-  if (headers.has('transfer-encoding')) problems.push('chunked answer: the load generator needs content-length');
-  if (headers.get('content-length') !== String(body.length)) problems.push(`content-length ${JSON.stringify(headers.get('content-length'))} but ${body.length} body bytes`);
-  if (!headers.get('x-request-id')) problems.push('no x-request-id header');
-  try {
-    const c = JSON.parse(text) as {
-      id?: unknown; object?: unknown; model?: unknown;
-      choices?: Array<{ message?: { role?: unknown; content?: unknown }; finish_reason?: unknown }>;
-      usage?: { prompt_tokens?: unknown; completion_tokens?: unknown; total_tokens?: unknown };
-    };
-    if (c.object !== 'chat.completion') problems.push(`object ${JSON.stringify(c.object)}`);
-    if (typeof c.id !== 'string' || !c.id.startsWith('chatcmpl-')) problems.push(`id ${JSON.stringify(c.id)}`);
-    if (c.model !== 'paid') problems.push(`model ${JSON.stringify(c.model)}`);
-    const choice = c.choices?.[0];
-    if (choice?.message?.role !== 'assistant' || choice.message.content !== PROMPT) problems.push(`message ${JSON.stringify(choice?.message)}`);
-    if (choice?.finish_reason !== 'stop') problems.push(`finish_reason ${JSON.stringify(choice?.finish_reason)}`);
-    const u = c.usage;
-    if (typeof u?.prompt_tokens !== 'number' || u.prompt_tokens <= 0 || typeof u.completion_tokens !== 'number' || u.completion_tokens <= 0 ||
-      u.total_tokens !== u.prompt_tokens + u.completion_tokens) problems.push(`usage ${JSON.stringify(u)}`);
-  } catch {
-    problems.push(`body is not JSON: ${text.slice(0, 200)}`);
-  }
-  return { ok: problems.length === 0, problems, bodyBytes: body.length };
+/** Sends the load's exact request once and checks the answer: a correct 200 chat completion. */
+async function checkFirst(port: number): Promise<CheckResult> {
+  return checkChat(await once(port, requestBytes(port)), 'paid', PROMPT);
 }
 
 interface LoadResult {
@@ -379,14 +265,14 @@ async function commitCost(dir: string, syncN: number, concurrentN: number, store
 // Main
 // ---------------------------------------------------------------------------------------------
 
-interface Round {
-  memory: LoadResult;
-  file: LoadResult & { commits: number | null; commitRecords: number | null };
-}
+/** The two gateways: the memory ledger, and the durable one (`--store`), called `file` in the summary. */
+const SIDES = ['memory', 'file'] as const;
+type Side = (typeof SIDES)[number];
+type Run = LoadResult & { commits: number | null; commitRecords: number | null };
 
 async function main(): Promise<number> {
   process.stdout.on('error', () => {}); // a closed pipe (| head) must not skip the clean-up
-  const flags = parseFlags(process.argv.slice(2));
+  const flags = parseFlags('ledger.ts', FLAGS);
   const dir = mkdtempSync(join(tmpdir(), 'mg-ledger-bench-'));
   const ledgerDir = join(dir, 'ledger');
   const schema = `mg_bench_${randomBytes(4).toString('hex')}`;
@@ -443,7 +329,7 @@ async function main(): Promise<number> {
 
     let ok = true;
     let file200 = 0;
-    const checks = new Map<string, Check>();
+    const checks = new Map<string, CheckResult>();
     for (const s of [memory, file]) {
       const c = await checkFirst(s.port);
       checks.set(s.name, c);
@@ -456,7 +342,9 @@ async function main(): Promise<number> {
     if (!ok) return 1;
     process.stdout.write(`first answer checked on both: 200 chat completion, ${checks.get(store)!.bodyBytes} body bytes\n`);
 
-    const runOne = async (s: Child, durationS: number) => {
+    const serverOf = { memory, file };
+    const runOne = async (t: Side, durationS: number): Promise<Run> => {
+      const s = serverOf[t];
       const before = s === file ? await readProbe(s) : null;
       const r = await postLoad(s, flags.connections, durationS, checks.get(s.name)!.bodyBytes);
       const after = s === file ? await readProbe(s) : null;
@@ -469,30 +357,22 @@ async function main(): Promise<number> {
 
     const HEADER = `  ${'ledger'.padEnd(7)} ${'req/s'.padStart(8)} ${'p50 ms'.padStart(7)} ${'p99 ms'.padStart(7)} ${'max ms'.padStart(7)} ` +
       `${'cpu/req'.padStart(7)}  ${'cpu srv/gen/other/steal'.padEnd(23)} ${'commits'.padStart(8)} ${'rec/commit'.padStart(10)}  statuses`;
-    const row = (name: string, r: LoadResult & { commits?: number | null; commitRecords?: number | null }) => {
-      const pct = (x: number | null) => (x === null ? '?' : `${Math.round(x * 100)}%`);
+    const nameOf = (t: Side) => (t === 'memory' ? 'memory' : store.slice(0, 7));
+    const row = (t: Side, r: Run) => {
       const cpuText = `${pct(r.serverCpu)}/${pct(r.loaderCpu)}/${pct(r.otherCpu)}/${pct(r.stealCpu)}`;
-      const perCommit = r.commits && r.commitRecords !== null && r.commitRecords !== undefined ? (r.commitRecords / r.commits).toFixed(2) : '';
-      const statuses = Object.entries(r.statuses).map(([s, n]) => `${s}:${n}`);
-      if (r.errors > 0) statuses.push(`errors:${r.errors}`);
-      if (r.badBodies > 0) statuses.push(`bad-bodies:${r.badBodies}`);
-      return `  ${name.padEnd(7)} ${int(r.rps).padStart(8)} ${msText(r.p50Us).padStart(7)} ${msText(r.p99Us).padStart(7)} ${msText(r.maxUs).padStart(7)} ` +
-        `${(r.cpuUsPerReq === null ? '?' : `${r.cpuUsPerReq.toFixed(1)}us`).padStart(7)}  ${cpuText.padEnd(23)} ${(r.commits === null || r.commits === undefined ? '' : int(r.commits)).padStart(8)} ${perCommit.padStart(10)}  ${statuses.join(' ')}`;
+      const perCommit = r.commits && r.commitRecords !== null ? (r.commitRecords / r.commits).toFixed(2) : '';
+      return `  ${nameOf(t).padEnd(7)} ${fmtInt(r.rps).padStart(8)} ${fmtMs(r.p50Us, 2).padStart(7)} ${fmtMs(r.p99Us, 2).padStart(7)} ${fmtMs(r.maxUs, 2).padStart(7)} ` +
+        `${`${fmtUs(r.cpuUsPerReq)}us`.padStart(7)}  ${cpuText.padEnd(23)} ${(r.commits === null ? '' : fmtInt(r.commits)).padStart(8)} ${perCommit.padStart(10)}  ${statusText(r)}`;
     };
 
-    if (flags.warmupS > 0) {
-      process.stdout.write(`\nwarmup\n${HEADER}\n`);
-      process.stdout.write(`${row('memory', await runOne(memory, flags.warmupS))}\n`);
-      process.stdout.write(`${row(store.slice(0, 7), await runOne(file, flags.warmupS))}\n`);
-    }
-
-    const rounds: Round[] = [];
-    for (let i = 0; i < flags.rounds && ok; i++) {
-      const m = await runOne(memory, flags.durationS);
-      const f = await runOne(file, flags.durationS);
-      rounds.push({ memory: m, file: f });
-      process.stdout.write(`\nround ${i + 1}: ${store}/memory ${(f.rps / m.rps).toFixed(3)}x\n${HEADER}\n${row('memory', m)}\n${row(store.slice(0, 7), f)}\n`);
-    }
+    // Always memory then the durable ledger in a round, as bench/LEDGER.md describes the runs.
+    if (flags.warmupS > 0) process.stdout.write(`\nwarmup\n${HEADER}\n`);
+    const rounds = await runRounds({
+      targets: SIDES, rounds: flags.rounds, rotate: false, stop: () => !ok,
+      ...(flags.warmupS > 0 ? { warmup: async (t: Side) => process.stdout.write(`${row(t, await runOne(t, flags.warmupS))}\n`) } : {}),
+      run: (t) => runOne(t, flags.durationS),
+      onRound: (i, got) => process.stdout.write(`\nround ${i + 1}: ${store}/memory ${fmtRatio(got.file.rps / got.memory.rps)}\n${HEADER}\n${row('memory', got.memory)}\n${row('file', got.file)}\n`),
+    });
     const finalProbe = await readProbe(file);
 
     // Stop both (SIGTERM: the gateway drains and closes the ledger), then read the journal.
@@ -506,48 +386,49 @@ async function main(): Promise<number> {
     const cost = await commitCost(join(dir, 'inproc'), flags.sync, flags.concurrent, store, `${schema}_inproc`);
     process.stdout.write(
       `  ${cost.syncAppends} sequential single appends: ${cost.syncCommits} commits, ${cost.msPerSyncCommit.toFixed(3)} ms per ${store === 'file' ? 'write+fdatasync' : 'INSERT'} commit\n` +
-      `  ${int(cost.concurrentAppends)} concurrent appends: ${cost.concurrentCommits} commit(s), ${cost.recordsPerCommit.toFixed(0)} records per commit, ${cost.concurrentMs.toFixed(1)} ms in all\n`,
+      `  ${fmtInt(cost.concurrentAppends)} concurrent appends: ${cost.concurrentCommits} commit(s), ${cost.recordsPerCommit.toFixed(0)} records per commit, ${cost.concurrentMs.toFixed(1)} ms in all\n`,
     );
 
-    const med = (pick: (r: Round) => number) => median(rounds.map(pick));
-    const side = (pick: (r: Round) => LoadResult) => ({
-      rps: Math.round(med((r) => pick(r).rps)),
-      p50Ms: round3(med((r) => pick(r).p50Us) / 1000),
-      p99Ms: round3(med((r) => pick(r).p99Us) / 1000),
-      cpuUsPerReq: rounds.every((r) => pick(r).cpuUsPerReq !== null) ? round3(med((r) => pick(r).cpuUsPerReq!)) : null,
-      otherCpu: rounds.every((r) => pick(r).otherCpu !== null) ? round3(med((r) => pick(r).otherCpu!)) : null,
-      stealCpu: rounds.every((r) => pick(r).stealCpu !== null) ? round3(med((r) => pick(r).stealCpu!)) : null,
-    });
-    const summary = rounds.length === 0 ? null : { memory: side((r) => r.memory), file: side((r) => r.file) };
-    const perCommit = rounds.filter((r) => r.file.commits !== null && r.file.commits > 0).map((r) => r.file.commitRecords! / r.file.commits!);
+    const n = rounds.count;
+    const side = (t: Side) => {
+      const rs = rounds.results[t];
+      const med = (pick: (r: Run) => number) => rounds.median(t, pick);
+      const medOrNull = (pick: (r: Run) => number | null) => (rs.every((r) => pick(r) !== null) ? round3(med((r) => pick(r)!)) : null);
+      return {
+        rps: Math.round(med((r) => r.rps)), p50Ms: round3(med((r) => r.p50Us) / 1000), p99Ms: round3(med((r) => r.p99Us) / 1000),
+        cpuUsPerReq: medOrNull((r) => r.cpuUsPerReq), otherCpu: medOrNull((r) => r.otherCpu), stealCpu: medOrNull((r) => r.stealCpu),
+      };
+    };
+    const summary = n === 0 ? null : { memory: side('memory'), file: side('file') };
+    const perCommit = rounds.results.file.filter((r) => r.commits !== null && r.commits > 0).map((r) => r.commitRecords! / r.commits!);
     const ratio = summary === null ? null : summary.file.rps / summary.memory.rps;
-    const pairedRatio = rounds.length === 0 ? null : median(rounds.map((r) => r.file.rps / r.memory.rps));
+    const pairedRatio = n === 0 ? null : rounds.paired('file', 'memory', (r) => r.rps);
     if (summary !== null) {
       process.stdout.write(
-        `\nsummary: medians of ${rounds.length} rounds, ${flags.connections} connections\n` +
+        `\nsummary: medians of ${n} rounds, ${flags.connections} connections\n` +
         `  ${'ledger'.padEnd(7)} ${'req/s'.padStart(8)} ${'p50 ms'.padStart(7)} ${'p99 ms'.padStart(7)} ${'cpu/req'.padStart(7)}  other/steal cpu\n` +
-        ([['memory', summary.memory], [store, summary.file]] as const).map(([name, x]) => `  ${name.padEnd(7)} ${int(x.rps).padStart(8)} ${x.p50Ms.toFixed(2).padStart(7)} ` +
-          `${x.p99Ms.toFixed(2).padStart(7)} ${(x.cpuUsPerReq === null ? '?' : `${x.cpuUsPerReq.toFixed(1)}us`).padStart(7)}  ${x.otherCpu === null ? '?' : `${Math.round(x.otherCpu * 100)}%`}/${x.stealCpu === null ? '?' : `${Math.round(x.stealCpu * 100)}%`}\n`).join('') +
-        `  ${store}/memory throughput ${ratio!.toFixed(3)}x (target >= ${target}: ${ratio! >= target ? 'met' : 'NOT met'}); ` +
-        `paired per round ${pairedRatio!.toFixed(3)}x\n` +
+        ([['memory', summary.memory], [store, summary.file]] as const).map(([name, x]) => `  ${name.padEnd(7)} ${fmtInt(x.rps).padStart(8)} ${x.p50Ms.toFixed(2).padStart(7)} ` +
+          `${x.p99Ms.toFixed(2).padStart(7)} ${`${fmtUs(x.cpuUsPerReq)}us`.padStart(7)}  ${pct(x.otherCpu)}/${pct(x.stealCpu)}\n`).join('') +
+        `  ${store}/memory throughput ${fmtRatio(ratio!)} (target >= ${target}: ${metText(ratio! >= target)}); ` +
+        `paired per round ${fmtRatio(pairedRatio!)}\n` +
         `  ${store} ledger under load: ${perCommit.length > 0 ? median(perCommit).toFixed(2) : '?'} records per group commit (median of rounds)` +
-        `${finalProbe === null ? '' : `; whole run ${int(finalProbe.records)} records in ${int(finalProbe.commits)} commits`}\n`,
+        `${finalProbe === null ? '' : `; whole run ${fmtInt(finalProbe.records)} records in ${fmtInt(finalProbe.commits)} commits`}\n`,
       );
     }
     const disturbed = (x: LoadResult) => (x.otherCpu !== null && x.otherCpu > 0.25) || (x.stealCpu !== null && x.stealCpu > 0.1);
-    const contended = rounds.flatMap((r, i) => (disturbed(r.memory) || disturbed(r.file) ? [i + 1] : []));
+    const contended = rounds.results.memory.flatMap((m, i) => (disturbed(m) || disturbed(rounds.results.file[i]!) ? [i + 1] : []));
     if (contended.length > 0) {
       process.stdout.write(`  NOTE: round(s) ${contended.join(', ')} shared the CPU (other processes > 25% of a core, or hypervisor steal > 10%): ` +
         'those figures are disturbed; rerun when the machine and its host are quiet\n');
     }
     process.stdout.write(
-      `  ${store === 'file' ? `journal: ${journal.segments} segment(s), ` : 'entries table: '}${int(journal.lines)} records${store === 'file' ? `, ${int(journal.bytes)} bytes` : ''}; ` +
-      `expected ${int(expectedLines)} (200 answers + 1 credit): ${journalOk ? 'match' : 'MISMATCH'}\n`,
+      `  ${store === 'file' ? `journal: ${journal.segments} segment(s), ` : 'entries table: '}${fmtInt(journal.lines)} records${store === 'file' ? `, ${fmtInt(journal.bytes)} bytes` : ''}; ` +
+      `expected ${fmtInt(expectedLines)} (200 answers + 1 credit): ${journalOk ? 'match' : 'MISMATCH'}\n`,
     );
     if (!ok) process.stdout.write('\nFAILED: an answer was not a correct 200, or the journal does not hold every charge (see above)\n');
     process.stdout.write(`${JSON.stringify({
       bench: `ledger: POST /v1/chat/completions, ${store} vs memory ledger`, ok, store, node: process.version, cores: cpu.length,
-      date: new Date().toISOString(), connections: flags.connections, rounds: rounds.length, durationS: flags.durationS,
+      date: new Date().toISOString(), connections: flags.connections, rounds: n, durationS: flags.durationS,
       medians: summary, ratio: ratio === null ? null : round3(ratio), pairedRatio: pairedRatio === null ? null : round3(pairedRatio),
       ratioMet: ratio === null ? null : ratio >= target,
       contendedRounds: contended,
@@ -564,11 +445,4 @@ async function main(): Promise<number> {
   }
 }
 
-if (require.main === module) {
-  main().then((code) => {
-    process.exitCode = code;
-  }, (err: unknown) => {
-    process.stderr.write(`ledger bench failed: ${(err as Error)?.stack ?? String(err)}\n`);
-    process.exitCode = 1;
-  });
-}
+if (require.main === module) runMain('ledger bench', main);

@@ -1,5 +1,7 @@
 /**
- * A small closed-loop HTTP/1.1 load generator for one GET endpoint.
+ * A small closed-loop HTTP/1.1 load generator for one GET endpoint, and the correctness checks
+ * of the answers the benches load: `checkModels` (`GET /v1/models`) and `checkChat` (a
+ * non-streamed chat completion, as rawhttp.ts's `once` returns it).
  *
  * Node's http client costs more CPU per request than a lean server does, so on a 2-core box
  * it would measure itself. The target is first checked with node:http (status, headers, the
@@ -12,7 +14,8 @@
  *     [--duration 5] [--connections 32] [--models echo-1:mock,other:owner]
  */
 import { request as httpRequest } from 'node:http';
-import { closedLoop, rawRequest } from './rawhttp.js';
+import { int, num, parseFlags, runMain, str } from './cli.js';
+import { closedLoop, rawRequest, type Answer } from './rawhttp.js';
 
 // ---------------------------------------------------------------------------------------------
 // Correctness check (node:http, one request): status, headers and the exact body.
@@ -22,6 +25,22 @@ import { closedLoop, rawRequest } from './rawhttp.js';
 export interface ExpectedModel {
   id: string;
   owned_by: string;
+  /** The config's displayName and outputTokenLimit; default: the id, and the config's default 128,000. */
+  display_name?: string;
+  max_tokens?: number;
+}
+
+/**
+ * The `/v1/models` body the gateway answers for these models (src/directory.ts): OpenAI's list
+ * with Anthropic's fields too, sorted by id. bench/baseline.ts serves it; `checkModels` expects it.
+ */
+export function modelsListBody(models: ExpectedModel[], createdS: number): string {
+  const sorted = [...models].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  const data = sorted.map((m) => ({
+    id: m.id, object: 'model', created: createdS, owned_by: m.owned_by,
+    type: 'model', display_name: m.display_name ?? m.id, created_at: new Date(createdS * 1000).toISOString(), max_tokens: m.max_tokens ?? 128_000,
+  }));
+  return JSON.stringify({ object: 'list', data, has_more: false, first_id: sorted[0]?.id ?? null, last_id: sorted.at(-1)?.id ?? null });
 }
 
 export interface CheckResult {
@@ -35,9 +54,8 @@ export interface CheckResult {
 /**
  * GETs `url + path` once with node:http and checks it against the `/v1/models` contract: 200,
  * `content-type: application/json`, an `x-request-id`, a right `content-length`, and a body equal
- * byte for byte to `{"object":"list","data":[...]}` built from `expected` (sorted by id), with
- * `created` taken from the answer after checking it is a plausible integer timestamp. With
- * `expected` null only the shape is checked.
+ * byte for byte to `modelsListBody(expected)`, with `created` taken from the answer after checking
+ * it is a plausible integer timestamp. With `expected` null only the shape is checked.
  */
 export function checkModels(url: string, path: string, headers: Record<string, string>, expected: ExpectedModel[] | null): Promise<CheckResult> {
   return new Promise((resolve) => {
@@ -78,10 +96,44 @@ function compareModelsBody(body: string, expected: ExpectedModel[] | null): stri
   if (typeof created !== 'number' || !Number.isInteger(created) || created > nowS + 1 || created < nowS - 86_400) {
     return [`implausible created ${JSON.stringify(created)}`];
   }
-  const models = expected ?? data.map((m: { id?: unknown; owned_by?: unknown }) => ({ id: String(m.id), owned_by: String(m.owned_by) }));
-  const sorted = [...models].sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
-  const want = JSON.stringify({ object: 'list', data: sorted.map((m) => ({ id: m.id, object: 'model', created, owned_by: m.owned_by })) });
+  const models: ExpectedModel[] = expected ?? data.map((m: { id?: unknown; owned_by?: unknown; display_name?: unknown; max_tokens?: unknown }) =>
+    ({ id: String(m.id), owned_by: String(m.owned_by), display_name: String(m.display_name), max_tokens: Number(m.max_tokens) }));
+  const want = modelsListBody(models, created);
   return body === want ? [] : [`body differs\n    got  ${body}\n    want ${want}`];
+}
+
+/**
+ * Checks one non-streamed chat completion answer (kept by `once`): 200, JSON content type,
+ * content-length framing, an x-request-id, and a completion of `model` whose message is
+ * `content` (the mock provider echoes the prompt), with consistent usage.
+ */
+export function checkChat(a: Answer, model: string, content: string): CheckResult {
+  const problems: string[] = [];
+  const text = a.body?.toString('utf8') ?? '';
+  const headers = new Map((a.head ?? '').split('\r\n').slice(1).map((l) => [l.slice(0, l.indexOf(':')).toLowerCase(), l.slice(l.indexOf(':') + 1).trim()]));
+  if (a.status !== 200) problems.push(`status ${a.status} (body ${text.slice(0, 200)})`);
+  if (headers.get('content-type') !== 'application/json') problems.push(`content-type ${JSON.stringify(headers.get('content-type'))}`);
+  if (a.chunked || headers.get('content-length') !== String(a.bodyBytes)) problems.push(`content-length ${JSON.stringify(headers.get('content-length'))} but ${a.bodyBytes} body bytes${a.chunked ? ', chunked' : ''}`);
+  if (!headers.get('x-request-id')) problems.push('no x-request-id header');
+  try {
+    const c = JSON.parse(text) as {
+      id?: unknown; object?: unknown; model?: unknown;
+      choices?: Array<{ message?: { role?: unknown; content?: unknown }; finish_reason?: unknown }>;
+      usage?: { prompt_tokens?: unknown; completion_tokens?: unknown; total_tokens?: unknown };
+    };
+    if (c.object !== 'chat.completion') problems.push(`object ${JSON.stringify(c.object)}`);
+    if (typeof c.id !== 'string' || !c.id.startsWith('chatcmpl-')) problems.push(`id ${JSON.stringify(c.id)}`);
+    if (c.model !== model) problems.push(`model ${JSON.stringify(c.model)}`);
+    const choice = c.choices?.[0];
+    if (choice?.message?.role !== 'assistant' || choice.message.content !== content) problems.push(`message ${JSON.stringify(choice?.message)}`);
+    if (choice?.finish_reason !== 'stop') problems.push(`finish_reason ${JSON.stringify(choice?.finish_reason)}`);
+    const u = c.usage;
+    if (typeof u?.prompt_tokens !== 'number' || u.prompt_tokens <= 0 || typeof u.completion_tokens !== 'number' || u.completion_tokens <= 0 ||
+      u.total_tokens !== u.prompt_tokens + u.completion_tokens) problems.push(`usage ${JSON.stringify(u)}`);
+  } catch {
+    problems.push(`body is not JSON: ${text.slice(0, 200)}`);
+  }
+  return { ok: problems.length === 0, problems, status: a.status, bodyBytes: a.bodyBytes };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -168,37 +220,31 @@ export function clean(r: LoadResult): boolean {
 // CLI
 // ---------------------------------------------------------------------------------------------
 
-function cli(argv: string[]): void {
-  const flags = new Map<string, string>();
-  for (let i = 0; i < argv.length; i += 2) {
-    const name = argv[i]!;
-    const value = argv[i + 1];
-    if (!name.startsWith('--') || value === undefined) {
-      process.stderr.write('usage: load.ts --url http://127.0.0.1:PORT [--key KEY] [--path P] [--duration S] [--connections N] [--models id:owner,...]\n');
-      process.exit(2);
-    }
-    flags.set(name.slice(2), value);
-  }
-  const key = flags.get('key');
-  const models = flags.get('models');
-  load({
-    url: flags.get('url') ?? 'http://127.0.0.1:8080',
-    path: flags.get('path') ?? '/v1/models',
-    headers: key === undefined ? {} : { authorization: `Bearer ${key}` },
-    durationS: Number(flags.get('duration') ?? 5),
-    connections: Number(flags.get('connections') ?? 32),
-    expected: models === undefined ? null : models.split(',').map((m) => {
-      const [id, owned_by] = m.split(':');
-      return { id: id!, owned_by: owned_by ?? '' };
-    }),
-  }).then((r) => {
+function cli(): void {
+  const flags = parseFlags('load.ts', {
+    url: str({ default: 'http://127.0.0.1:8080', arg: 'URL', help: 'the server, http://127.0.0.1:PORT' }),
+    key: str({ default: null, arg: 'KEY', help: 'sent as Authorization: Bearer KEY' }),
+    path: str({ default: '/v1/models', arg: 'PATH', help: 'the GET path' }),
+    durationS: num({ name: 'duration', default: 5, help: 'seconds of load' }),
+    connections: int({ default: 32, help: 'keep-alive connections' }),
+    models: str({ default: null, arg: 'ID:OWNER,...', help: 'the exact models list expected (else only its shape is checked)' }),
+  });
+  runMain('load', async () => {
+    const r = await load({
+      url: flags.url,
+      path: flags.path,
+      headers: flags.key === null ? {} : { authorization: `Bearer ${flags.key}` },
+      durationS: flags.durationS,
+      connections: flags.connections,
+      expected: flags.models === null ? null : flags.models.split(',').map((m) => {
+        const [id, owned_by] = m.split(':');
+        return { id: id!, owned_by: owned_by ?? '' };
+      }),
+    });
     if (!r.check.ok) process.stderr.write(`correctness check failed:\n  ${r.check.problems.join('\n  ')}\n`);
     process.stdout.write(`${JSON.stringify(r, (k, v) => (k === 'check' ? { ok: v.ok, problems: v.problems } : typeof v === 'number' ? Math.round(v * 10) / 10 : v))}\n`);
-    process.exitCode = clean(r) ? 0 : 1;
-  }, (err: unknown) => {
-    process.stderr.write(`load failed: ${String(err)}\n`);
-    process.exitCode = 1;
+    return clean(r) ? 0 : 1;
   });
 }
 
-if (require.main === module) cli(process.argv.slice(2));
+if (require.main === module) cli();

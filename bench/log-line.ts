@@ -13,6 +13,7 @@ import { mkdtempSync, openSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Logger } from '../dist/log.js';
+import { int, median, parseFlags, runMain } from './cli.js';
 
 const TARGET_NS = 1000;
 /**
@@ -21,19 +22,12 @@ const TARGET_NS = 1000;
  */
 const BUFFER = 512 * 1024 * 1024;
 
-function flag(name: string, fallback: number): number {
-  const i = process.argv.indexOf(name);
-  const value = i === -1 ? fallback : Number(process.argv[i + 1]);
-  if (!Number.isInteger(value) || value <= 0) {
-    process.stderr.write('usage: log-line.ts [--lines N] [--per-turn N] [--rounds N]\n');
-    process.exit(2);
-  }
-  return value;
-}
-
-const lines = flag('--lines', 2_000_000);
-const perTurn = flag('--per-turn', 64);
-const rounds = flag('--rounds', 5);
+const flags = parseFlags('log-line.ts', {
+  lines: int({ default: 2_000_000, help: 'access lines per target and round' }),
+  perTurn: int({ default: 64, help: 'lines per event-loop turn' }),
+  rounds: int({ default: 5, help: 'rounds' }),
+});
+const { lines, perTurn, rounds } = flags;
 
 // Request ids as the gateway makes them (a fresh string per request), made before timing.
 const ids = Array.from({ length: 4096 }, (_, i) => `req_${i.toString(16).padStart(24, '0')}`);
@@ -58,12 +52,6 @@ async function timed(log: ((i: number) => void) | null, settle: () => Promise<vo
 
 function accessLine(logger: Logger): (i: number) => void {
   return (i) => logger.access(ids[i & 4095]!, 'GET', PATHS[i & 1]!, 200, 0.1 + (i % 997) / 1000, 'acct_bench', null);
-}
-
-function median(values: number[]): number {
-  const s = [...values].sort((a, b) => a - b);
-  const mid = s.length >> 1;
-  return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
 }
 
 async function main(): Promise<void> {
@@ -99,4 +87,4 @@ async function main(): Promise<void> {
   }
 }
 
-void main();
+runMain('log-line.ts', main);

@@ -3,7 +3,7 @@
  * Node proxy can do (issue "Real providers", item 9).
  *
  *   npm run build && node --import tsx bench/proxy.ts [--rounds 5] [--duration 4] [--connections 32]
- *     [--rate 500] [--latency-rounds 2] [--latency-duration 5] [--stream-rate 200] [--stream-rounds 2] [--stream-duration 4]
+ *     [--rate 500] [--latency-rounds 2] [--latency-duration 5] [--stream-rate 100] [--stream-rounds 2] [--stream-duration 4]
  *     [--responses-rounds 3]
  *
  * Three child processes on 127.0.0.1, besides the load generator (this process):
@@ -42,7 +42,10 @@ import { cpus, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { Histogram } from './histogram.js';
 import {
-  closedLoop, fmtInt, fmtMs, machineCpu, median, non200, once, openLoop, rawRequest, startChild, stopChild, waitForQuiet, watchOthers,
+  choice, fmtInt, fmtMs, fmtRatio, fmtUs, int, median, metText, num, parseFlags, pct, round3, runMain, runRounds, statusText, str,
+} from './cli.js';
+import {
+  closedLoop, machineCpu, non200, once, openLoop, perReq, rawRequest, startChild, stealShare, stopChild, waitForQuiet, watchOthers,
   type Child, type RunResult,
 } from './rawhttp.js';
 
@@ -278,58 +281,46 @@ function runProxy(upstreamPort: number, key: string): void {
 // The run
 // ---------------------------------------------------------------------------------------------
 
-interface Flags {
-  rounds: number;
-  durationS: number;
-  connections: number;
-  warmupS: number;
-  rate: number;
-  latencyRounds: number;
-  latencyDurationS: number;
-  streamRate: number;
-  streamRounds: number;
-  streamDurationS: number;
-  responsesRounds: number;
-}
-
-function parseFlags(argv: string[]): Flags {
-  const flags: Flags = {
-    rounds: 5, durationS: 4, connections: 32, warmupS: 2, rate: 500, latencyRounds: 2, latencyDurationS: 5,
-    streamRate: 100, streamRounds: 2, streamDurationS: 4, responsesRounds: 3,
-  };
-  const names: Record<string, keyof Flags> = {
-    '--rounds': 'rounds', '--duration': 'durationS', '--connections': 'connections', '--warmup': 'warmupS', '--rate': 'rate',
-    '--latency-rounds': 'latencyRounds', '--latency-duration': 'latencyDurationS', '--stream-rate': 'streamRate',
-    '--stream-rounds': 'streamRounds', '--stream-duration': 'streamDurationS', '--responses-rounds': 'responsesRounds',
-  };
-  for (let i = 0; i < argv.length; i++) {
-    const [name, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
-    const field = names[name];
-    const value = Number(inline ?? argv[++i]);
-    if (field === undefined || !Number.isFinite(value) || value <= 0) {
-      process.stderr.write(`usage: proxy.ts [${Object.keys(names).map((n) => `${n} N`).join('] [')}]\nbad argument: ${name}\n`);
-      process.exit(2);
-    }
-    flags[field] = value;
-  }
-  return flags;
-}
-
-type Target = 'direct' | 'proxy' | 'gateway';
-
-/** CPU microseconds per answered request of one process over a run. */
-const perReq = (r: RunResult, name: string): number | null => {
-  const s = r.cpuS[name];
-  return s === null || s === undefined || r.requests === 0 ? null : (s * 1e6) / r.requests;
+const FLAGS = {
+  rounds: int({ default: 5, help: 'phase 1: rounds per target' }),
+  durationS: num({ name: 'duration', default: 4, help: 'phases 1, 4, 5: seconds per timed run' }),
+  connections: int({ default: 32, help: 'phases 1, 4, 5: keep-alive connections' }),
+  warmupS: num({ name: 'warmup', default: 2, help: 'phases 1, 4, 5: seconds of warmup per target' }),
+  rate: num({ default: 500, arg: 'R', help: 'phase 2: requests per second' }),
+  latencyRounds: int({ default: 2, help: 'phase 2: rounds per target' }),
+  latencyDurationS: num({ name: 'latency-duration', default: 5, help: 'phase 2: seconds per run' }),
+  streamRate: num({ default: 100, arg: 'R', help: 'phase 3: streams per second' }),
+  streamRounds: int({ default: 2, help: 'phase 3: rounds per target' }),
+  streamDurationS: num({ name: 'stream-duration', default: 4, help: 'phase 3: seconds per run' }),
+  responsesRounds: int({ default: 3, help: 'phases 4 and 5: rounds per target and case' }),
+};
+/** The arguments of this file run as a child process (`--role provider|proxy`). */
+const ROLE_FLAGS = {
+  role: choice({ choices: ['provider', 'proxy'], default: 'provider', help: 'the server to run' }),
+  key: str({ default: '', arg: 'KEY', help: "the provider's key" }),
+  upstream: int({ default: 0, arg: 'PORT', help: "proxy: the provider's port" }),
 };
 
-function statusText(r: RunResult): string {
-  const parts = Object.entries(r.statuses).map(([s, n]) => `${s}:${n}`);
-  if (r.errors > 0) parts.push(`errors:${r.errors}`);
-  if (r.badBodies > 0) parts.push(`bad:${r.badBodies}`);
-  if (r.queued > 0) parts.push(`queued:${r.queued}`);
-  return parts.join(' ');
+type Target = 'direct' | 'proxy' | 'gateway';
+/** The closed-loop comparisons: the bare proxy against the gateway. */
+const CLOSED = ['proxy', 'gateway'] as const;
+type Closed = (typeof CLOSED)[number];
+
+/** A call compared in phase 4 or 5: its request to each target and how its answers are checked. */
+interface Case {
+  name: string;
+  request: (t: Closed) => Buffer;
+  /** Under load: the body length every answer must have, or a check of each body. */
+  expectBytes: number | null;
+  check: ((body: Buffer) => boolean) | null;
+  /** The one call checked before the load. */
+  first: (body: Buffer) => boolean;
 }
+
+interface Compared { name: string; proxyRps: number; gatewayRps: number; ratio: number; paired: number; cpuRatio: number }
+
+/** Server CPU microseconds per request of a run that watched the server. */
+const serverUs = (r: RunResult) => perReq(r, 'server')!;
 
 function merge(hs: Histogram[]): Histogram {
   const m = new Histogram();
@@ -341,12 +332,8 @@ function merge(hs: Histogram[]): Histogram {
   return m;
 }
 
-function rotate<T>(xs: T[], by: number): T[] {
-  return xs.map((_, i) => xs[(i + by) % xs.length]!);
-}
-
 async function main(): Promise<number> {
-  const flags = parseFlags(process.argv.slice(2));
+  const flags = parseFlags('proxy.ts', FLAGS);
   const dir = mkdtempSync(join(tmpdir(), 'mg-bench-proxy-'));
   const children: Child[] = [];
   const cleanup = async () => {
@@ -418,54 +405,50 @@ async function main(): Promise<number> {
 
     // 1. Closed loop: proxy vs gateway.
     process.stdout.write(`\n1. closed loop, non-streaming: ${flags.connections} connections, ${flags.rounds} rounds x ${flags.durationS} s per target\n`);
-    const closedTargets: Target[] = ['proxy', 'gateway'];
-    for (const t of closedTargets) {
-      await closedLoop({ port: portOf[t], requests: [req(t, false)], durationS: flags.warmupS, connections: flags.connections, expectBytes: plainBytes });
-    }
-    const closed: Record<string, RunResult[]> = { proxy: [], gateway: [] };
+    const plainLoop = (t: Closed, durationS: number, watch?: Record<string, number>) => closedLoop({
+      port: portOf[t], requests: [req(t, false)], durationS, connections: flags.connections, expectBytes: plainBytes, ...(watch === undefined ? {} : { watch }),
+    });
     process.stdout.write(`  ${'round'.padEnd(6)}${'target'.padEnd(9)}${'req/s'.padStart(9)}${'p50 ms'.padStart(9)}${'p99 ms'.padStart(9)}${'srv us/req'.padStart(12)}${'prov us/req'.padStart(13)}${'gen us/req'.padStart(12)}  statuses\n`);
-    for (let r = 0; r < flags.rounds; r++) {
-      for (const t of rotate(closedTargets, r)) {
-        const res = await closedLoop({
-          port: portOf[t], requests: [req(t, false)], durationS: flags.durationS, connections: flags.connections, expectBytes: plainBytes,
-          watch: { server: pidOf[t], provider: provider.pid },
-        });
-        closed[t]!.push(res);
+    const closed = await runRounds({
+      targets: CLOSED, rounds: flags.rounds,
+      warmup: (t) => plainLoop(t, flags.warmupS),
+      run: (t) => plainLoop(t, flags.durationS, { server: pidOf[t], provider: provider.pid }),
+      onRun: (t, r, res) => {
         bad += non200(res);
         process.stdout.write(`  ${String(r + 1).padEnd(6)}${t.padEnd(9)}${fmtInt(res.rps).padStart(9)}${fmtMs(res.total.quantileUs(0.5)).padStart(9)}${fmtMs(res.total.quantileUs(0.99)).padStart(9)}` +
-          `${(perReq(res, 'server') ?? NaN).toFixed(1).padStart(12)}${(perReq(res, 'provider') ?? NaN).toFixed(1).padStart(13)}${((res.loaderCpuS * 1e6) / res.requests).toFixed(1).padStart(12)}  ${statusText(res)}\n`);
-      }
-    }
-    const med = (t: string, f: (r: RunResult) => number) => median(closed[t]!.map(f));
-    const rps = { proxy: med('proxy', (r) => r.rps), gateway: med('gateway', (r) => r.rps) };
-    const cpuReq = { proxy: med('proxy', (r) => perReq(r, 'server')!), gateway: med('gateway', (r) => perReq(r, 'server')!) };
-    const provReq = median([...closed.proxy!, ...closed.gateway!].map((r) => perReq(r, 'provider')!));
-    const pairedRps = median(closed.proxy!.map((p, i) => closed.gateway![i]!.rps / p.rps));
-    const pairedCpu = median(closed.proxy!.map((p, i) => perReq(closed.gateway![i]!, 'server')! / perReq(p, 'server')!));
+          `${fmtUs(perReq(res, 'server')).padStart(12)}${fmtUs(perReq(res, 'provider')).padStart(13)}${fmtUs((res.loaderCpuS * 1e6) / res.requests).padStart(12)}  ${statusText(res)}\n`);
+      },
+    });
+    const rps = { proxy: closed.median('proxy', (r) => r.rps), gateway: closed.median('gateway', (r) => r.rps) };
+    const cpuReq = { proxy: closed.median('proxy', serverUs), gateway: closed.median('gateway', serverUs) };
+    const provReq = median([...closed.results.proxy, ...closed.results.gateway].map((r) => perReq(r, 'provider')!));
+    const pairedRps = closed.paired('gateway', 'proxy', (r) => r.rps);
+    const pairedCpu = closed.paired('gateway', 'proxy', serverUs);
     const throughputRatio = rps.gateway / rps.proxy;
-    process.stdout.write(`  medians: proxy ${fmtInt(rps.proxy)} req/s, ${cpuReq.proxy.toFixed(1)} us CPU/req; gateway ${fmtInt(rps.gateway)} req/s, ${cpuReq.gateway.toFixed(1)} us CPU/req; provider ${provReq.toFixed(1)} us CPU/req\n`);
+    process.stdout.write(`  medians: proxy ${fmtInt(rps.proxy)} req/s, ${fmtUs(cpuReq.proxy)} us CPU/req; gateway ${fmtInt(rps.gateway)} req/s, ${fmtUs(cpuReq.gateway)} us CPU/req; provider ${fmtUs(provReq)} us CPU/req\n`);
     others.endPhase('1 closed loop');
-    process.stdout.write(`  gateway / proxy: throughput ${throughputRatio.toFixed(3)}x (target >= ${TARGET_THROUGHPUT}: ${throughputRatio >= TARGET_THROUGHPUT ? 'met' : 'NOT met'}), paired per round ${pairedRps.toFixed(3)}x; server CPU per request ${(cpuReq.gateway / cpuReq.proxy).toFixed(2)}x (paired ${pairedCpu.toFixed(2)}x, +${(cpuReq.gateway - cpuReq.proxy).toFixed(1)} us)\n`);
+    process.stdout.write(`  gateway / proxy: throughput ${fmtRatio(throughputRatio)} (target >= ${TARGET_THROUGHPUT}: ${metText(throughputRatio >= TARGET_THROUGHPUT)}), paired per round ${fmtRatio(pairedRps)}; ` +
+      `server CPU per request ${fmtRatio(cpuReq.gateway / cpuReq.proxy, 2)} (paired ${fmtRatio(pairedCpu, 2)}, +${fmtUs(cpuReq.gateway - cpuReq.proxy)} us)\n`);
 
     // 2. Open loop latency, non-streaming.
     const all: Target[] = ['direct', 'proxy', 'gateway'];
     process.stdout.write(`\n2. open loop, non-streaming: ${flags.rate} req/s, ${flags.latencyRounds} rounds x ${flags.latencyDurationS} s per target\n`);
-    for (const t of all) await openLoop({ port: portOf[t], requests: [req(t, false)], durationS: 1, ratePerS: flags.rate, pool: 64, expectBytes: plainBytes });
-    const lat: Record<string, RunResult[]> = { direct: [], proxy: [], gateway: [] };
+    const plainOpen = (t: Target, durationS: number) => openLoop({ port: portOf[t], requests: [req(t, false)], durationS, ratePerS: flags.rate, pool: 64, expectBytes: plainBytes });
     process.stdout.write(`  ${'round'.padEnd(6)}${'target'.padEnd(9)}${'sent'.padStart(7)}${'p50 ms'.padStart(9)}${'p99 ms'.padStart(9)}${'p99.9 ms'.padStart(10)}${'max ms'.padStart(9)}  statuses\n`);
-    for (let r = 0; r < flags.latencyRounds; r++) {
-      for (const t of rotate(all, r)) {
-        const res = await openLoop({ port: portOf[t], requests: [req(t, false)], durationS: flags.latencyDurationS, ratePerS: flags.rate, pool: 64, expectBytes: plainBytes });
-        lat[t]!.push(res);
+    const lat = await runRounds({
+      targets: all, rounds: flags.latencyRounds,
+      warmup: (t) => plainOpen(t, 1),
+      run: (t) => plainOpen(t, flags.latencyDurationS),
+      onRun: (t, r, res) => {
         bad += non200(res);
         process.stdout.write(`  ${String(r + 1).padEnd(6)}${t.padEnd(9)}${String(res.sent).padStart(7)}${fmtMs(res.total.quantileUs(0.5)).padStart(9)}${fmtMs(res.total.quantileUs(0.99)).padStart(9)}` +
           `${fmtMs(res.total.quantileUs(0.999)).padStart(10)}${fmtMs(res.total.maxUs).padStart(9)}  ${statusText(res)}\n`);
-      }
-    }
+      },
+    });
     const latency = Object.fromEntries(all.map((t) => {
-      const h = merge(lat[t]!.map((r) => r.total));
+      const h = merge(lat.results[t].map((r) => r.total));
       return [t, { p50Us: h.quantileUs(0.5), p99Us: h.quantileUs(0.99), p999Us: h.quantileUs(0.999), n: h.total,
-        roundP50Us: median(lat[t]!.map((r) => r.total.quantileUs(0.5))), roundP99Us: median(lat[t]!.map((r) => r.total.quantileUs(0.99))) }];
+        roundP50Us: lat.median(t, (r) => r.total.quantileUs(0.5)), roundP99Us: lat.median(t, (r) => r.total.quantileUs(0.99)) }];
     })) as Record<Target, { p50Us: number; p99Us: number; p999Us: number; n: number; roundP50Us: number; roundP99Us: number }>;
     const added = (t: Target, q: 'p50Us' | 'p99Us') => (latency[t][q] - latency.direct[q]) / 1000;
     for (const t of ['proxy', 'gateway'] as Target[]) {
@@ -475,8 +458,8 @@ async function main(): Promise<number> {
     others.endPhase('2 open-loop latency');
     const addP50 = added('gateway', 'p50Us');
     const addP99 = added('gateway', 'p99Us');
-    process.stdout.write(`  gateway added latency: p50 +${addP50.toFixed(3)} ms (target <= ${TARGET_ADDED_P50_MS}: ${addP50 <= TARGET_ADDED_P50_MS ? 'met' : 'NOT met'}), ` +
-      `p99 +${addP99.toFixed(3)} ms (target <= ${TARGET_ADDED_P99_MS}: ${addP99 <= TARGET_ADDED_P99_MS ? 'met' : 'NOT met'}); over the bare proxy: p50 +${((latency.gateway.p50Us - latency.proxy.p50Us) / 1000).toFixed(3)} ms, p99 +${((latency.gateway.p99Us - latency.proxy.p99Us) / 1000).toFixed(3)} ms\n`);
+    process.stdout.write(`  gateway added latency: p50 +${addP50.toFixed(3)} ms (target <= ${TARGET_ADDED_P50_MS}: ${metText(addP50 <= TARGET_ADDED_P50_MS)}), ` +
+      `p99 +${addP99.toFixed(3)} ms (target <= ${TARGET_ADDED_P99_MS}: ${metText(addP99 <= TARGET_ADDED_P99_MS)}); over the bare proxy: p50 +${fmtMs(latency.gateway.p50Us - latency.proxy.p50Us)} ms, p99 +${fmtMs(latency.gateway.p99Us - latency.proxy.p99Us)} ms\n`);
 
     // 3. Streams: time to first token.
     process.stdout.write(`\n3. open loop, streaming: ${flags.streamRate} streams/s, ${flags.streamRounds} rounds x ${flags.streamDurationS} s per target; TTFT = write to first SSE event\n`);
@@ -488,140 +471,123 @@ async function main(): Promise<number> {
       return (JSON.parse(a.body!.toString('utf8')) as { connections: number }).connections - 1; // less this request's own
     };
     const opened: Record<Target, number> = { direct: 0, proxy: 0, gateway: 0 };
-    for (const t of all) await openLoop({ port: portOf[t], requests: [req(t, true)], durationS: 1, ratePerS: flags.streamRate, pool: 64, check: streamOk });
-    const str: Record<string, RunResult[]> = { direct: [], proxy: [], gateway: [] };
+    const streamOpen = (t: Target, durationS: number) => openLoop({ port: portOf[t], requests: [req(t, true)], durationS, ratePerS: flags.streamRate, pool: 64, check: streamOk });
     process.stdout.write(`  ${'round'.padEnd(6)}${'target'.padEnd(9)}${'sent'.padStart(7)}${'ttft p50'.padStart(10)}${'ttft p99'.padStart(10)}${'end p50'.padStart(10)}${'end p99'.padStart(10)}  statuses\n`);
-    for (let r = 0; r < flags.streamRounds; r++) {
-      for (const t of rotate(all, r)) {
+    const str = await runRounds({
+      targets: all, rounds: flags.streamRounds,
+      warmup: (t) => streamOpen(t, 1),
+      run: async (t) => {
         const c0 = await providerConnections();
-        const res = await openLoop({ port: portOf[t], requests: [req(t, true)], durationS: flags.streamDurationS, ratePerS: flags.streamRate, pool: 64, check: streamOk });
+        const res = await streamOpen(t, flags.streamDurationS);
         opened[t] += (await providerConnections()) - c0 - 1; // less the first reading's own connection
-        str[t]!.push(res);
+        return res;
+      },
+      onRun: (t, r, res) => {
         bad += non200(res);
         process.stdout.write(`  ${String(r + 1).padEnd(6)}${t.padEnd(9)}${String(res.sent).padStart(7)}${fmtMs(res.first.quantileUs(0.5)).padStart(10)}${fmtMs(res.first.quantileUs(0.99)).padStart(10)}` +
           `${fmtMs(res.total.quantileUs(0.5)).padStart(10)}${fmtMs(res.total.quantileUs(0.99)).padStart(10)}  ${statusText(res)}\n`);
-      }
-    }
+      },
+    });
     others.endPhase('3 streams');
     const ttft = Object.fromEntries(all.map((t) => {
-      const h = merge(str[t]!.map((r) => r.first));
-      const e = merge(str[t]!.map((r) => r.total));
+      const h = merge(str.results[t].map((r) => r.first));
+      const e = merge(str.results[t].map((r) => r.total));
       return [t, { p50Us: h.quantileUs(0.5), p99Us: h.quantileUs(0.99), endP50Us: e.quantileUs(0.5), n: h.total }];
     })) as Record<Target, { p50Us: number; p99Us: number; endP50Us: number; n: number }>;
     const addTtft = (ttft.gateway.p50Us - ttft.direct.p50Us) / 1000;
     for (const t of ['proxy', 'gateway'] as Target[]) {
-      process.stdout.write(`  ${t}: TTFT p50 ${fmtMs(ttft[t].p50Us)} ms (+${((ttft[t].p50Us - ttft.direct.p50Us) / 1000).toFixed(3)} ms over direct ${fmtMs(ttft.direct.p50Us)}), ` +
-        `p99 ${fmtMs(ttft[t].p99Us)} ms (+${((ttft[t].p99Us - ttft.direct.p99Us) / 1000).toFixed(3)} ms over direct ${fmtMs(ttft.direct.p99Us)})\n`);
+      process.stdout.write(`  ${t}: TTFT p50 ${fmtMs(ttft[t].p50Us)} ms (+${fmtMs(ttft[t].p50Us - ttft.direct.p50Us)} ms over direct ${fmtMs(ttft.direct.p50Us)}), ` +
+        `p99 ${fmtMs(ttft[t].p99Us)} ms (+${fmtMs(ttft[t].p99Us - ttft.direct.p99Us)} ms over direct ${fmtMs(ttft.direct.p99Us)})\n`);
     }
-    const streamsOf = (t: Target) => str[t]!.reduce((n, r) => n + r.sent, 0);
+    const streamsOf = (t: Target) => str.results[t].reduce((n, r) => n + r.sent, 0);
     process.stdout.write(`  new upstream connections the provider accepted per stream: proxy ${(opened.proxy / streamsOf('proxy')).toFixed(3)}, gateway ${(opened.gateway / streamsOf('gateway')).toFixed(3)}\n`);
-    process.stdout.write(`  gateway added TTFT at p50: +${addTtft.toFixed(3)} ms (target <= ${TARGET_ADDED_TTFT_MS}: ${addTtft <= TARGET_ADDED_TTFT_MS ? 'met' : 'NOT met'})\n`);
+    process.stdout.write(`  gateway added TTFT at p50: +${addTtft.toFixed(3)} ms (target <= ${TARGET_ADDED_TTFT_MS}: ${metText(addTtft <= TARGET_ADDED_TTFT_MS)})\n`);
 
-    // 4. The Responses API: proxy vs gateway on the same body, closed loop.
-    const responsesReq = (t: 'proxy' | 'gateway', body: string) => rawRequest('POST', portOf[t], '/v1/responses', {
-      authorization: `Bearer ${clientKey}`, 'content-type': 'application/json',
-    }, body);
-    const responsesCases = [
-      { name: 'plain, small body', body: JSON.stringify({ model: CLIENT_MODEL, input: 'Say hello to the benchmark.', max_output_tokens: 32, store: false }),
-        expectBytes: Buffer.byteLength(RESPONSE), check: null },
-      { name: `streamed, Codex-sized body (${(Buffer.byteLength(codexSizedBody(CLIENT_MODEL, true)) / 1024).toFixed(1)} KiB)`, body: codexSizedBody(CLIENT_MODEL, true),
-        expectBytes: null, check: (b: Buffer) => b.length === Buffer.byteLength(RESPONSES_STREAM) && b.toString('utf8').endsWith(RESPONSES_DONE) },
-    ];
-    for (const c of responsesCases) {
-      for (const t of closedTargets) {
-        const a = await once(portOf[t], responsesReq(t as 'proxy', c.body));
-        const expected = c.check === null ? RESPONSE : RESPONSES_STREAM;
-        if (a.status !== 200 || a.body!.toString('utf8') !== expected) throw new Error(`${t}: responses (${c.name}) answered ${a.status}: ${a.body?.toString('utf8').slice(0, 300)}`);
-      }
-    }
-    process.stdout.write(`\n4. closed loop, POST /v1/responses: ${flags.connections} connections, ${flags.responsesRounds} rounds x ${flags.durationS} s per target and body\n`);
-    process.stdout.write(`  ${'body'.padEnd(40)}${'round'.padEnd(6)}${'target'.padEnd(9)}${'req/s'.padStart(9)}${'p50 ms'.padStart(9)}${'srv us/req'.padStart(12)}  statuses\n`);
-    const responsesResults: Array<{ name: string; proxyRps: number; gatewayRps: number; ratio: number; paired: number; cpuRatio: number }> = [];
-    for (const c of responsesCases) {
-      const drive = (t: 'proxy' | 'gateway', durationS: number, watch?: Record<string, number>) => closedLoop({
-        port: portOf[t], requests: [responsesReq(t, c.body)], durationS, connections: flags.connections, expectBytes: c.expectBytes, check: c.check,
-        ...(watch === undefined ? {} : { watch }),
-      });
-      for (const t of closedTargets) await drive(t as 'proxy', flags.warmupS);
-      const runs: Record<string, RunResult[]> = { proxy: [], gateway: [] };
-      for (let r = 0; r < flags.responsesRounds; r++) {
-        for (const t of rotate(closedTargets, r) as Array<'proxy' | 'gateway'>) {
-          const res = await drive(t, flags.durationS, { server: pidOf[t] });
-          runs[t]!.push(res);
-          bad += non200(res);
-          process.stdout.write(`  ${c.name.padEnd(40)}${String(r + 1).padEnd(6)}${t.padEnd(9)}${fmtInt(res.rps).padStart(9)}${fmtMs(res.total.quantileUs(0.5)).padStart(9)}` +
-            `${(perReq(res, 'server') ?? NaN).toFixed(1).padStart(12)}  ${statusText(res)}\n`);
+    /**
+     * Phases 4 and 5: each case checked once on both, then proxy vs gateway in paired rounds
+     * (closed loop); the gateway / proxy throughput and server CPU per request.
+     */
+    const compare = async (title: string, label: string, target: number, cases: Case[]): Promise<Compared[]> => {
+      for (const c of cases) {
+        for (const t of CLOSED) {
+          const a = await once(portOf[t], c.request(t));
+          if (a.status !== 200 || !c.first(a.body!)) throw new Error(`${t}: ${label} ${c.name} answered ${a.status}: ${a.body?.toString('utf8').slice(0, 400)}`);
         }
       }
-      const proxyRps = median(runs.proxy!.map((r) => r.rps));
-      const gatewayRps = median(runs.gateway!.map((r) => r.rps));
-      const paired = median(runs.proxy!.map((p, i) => runs.gateway![i]!.rps / p.rps));
-      const cpuRatio = median(runs.gateway!.map((r) => perReq(r, 'server')!)) / median(runs.proxy!.map((r) => perReq(r, 'server')!));
-      responsesResults.push({ name: c.name, proxyRps: Math.round(proxyRps), gatewayRps: Math.round(gatewayRps), ratio: gatewayRps / proxyRps, paired, cpuRatio });
-      process.stdout.write(`  ${c.name}: gateway / proxy throughput ${(gatewayRps / proxyRps).toFixed(3)}x (target >= ${TARGET_THROUGHPUT}: ${gatewayRps / proxyRps >= TARGET_THROUGHPUT ? 'met' : 'NOT met'}), ` +
-        `paired per round ${paired.toFixed(3)}x; server CPU per request ${cpuRatio.toFixed(2)}x\n`);
-    }
+      const width = Math.max(...cases.map((c) => c.name.length)) + 2;
+      process.stdout.write(`${title}: ${flags.connections} connections, ${flags.responsesRounds} rounds x ${flags.durationS} s per target and case\n`);
+      process.stdout.write(`  ${'case'.padEnd(width)}${'round'.padEnd(6)}${'target'.padEnd(9)}${'req/s'.padStart(9)}${'p50 ms'.padStart(9)}${'srv us/req'.padStart(12)}  statuses\n`);
+      const out: Compared[] = [];
+      for (const c of cases) {
+        const drive = (t: Closed, durationS: number, watch?: Record<string, number>) => closedLoop({
+          port: portOf[t], requests: [c.request(t)], durationS, connections: flags.connections, expectBytes: c.expectBytes, check: c.check,
+          ...(watch === undefined ? {} : { watch }),
+        });
+        const runs = await runRounds({
+          targets: CLOSED, rounds: flags.responsesRounds,
+          warmup: (t) => drive(t, flags.warmupS),
+          run: (t) => drive(t, flags.durationS, { server: pidOf[t] }),
+          onRun: (t, r, res) => {
+            bad += non200(res);
+            process.stdout.write(`  ${c.name.padEnd(width)}${String(r + 1).padEnd(6)}${t.padEnd(9)}${fmtInt(res.rps).padStart(9)}${fmtMs(res.total.quantileUs(0.5)).padStart(9)}` +
+              `${fmtUs(perReq(res, 'server')).padStart(12)}  ${statusText(res)}\n`);
+          },
+        });
+        const proxyRps = runs.median('proxy', (r) => r.rps);
+        const gatewayRps = runs.median('gateway', (r) => r.rps);
+        const paired = runs.paired('gateway', 'proxy', (r) => r.rps);
+        const cpuRatio = runs.median('gateway', serverUs) / runs.median('proxy', serverUs);
+        const ratio = gatewayRps / proxyRps;
+        out.push({ name: c.name, proxyRps: Math.round(proxyRps), gatewayRps: Math.round(gatewayRps), ratio: round3(ratio), paired: round3(paired), cpuRatio: round3(cpuRatio) });
+        process.stdout.write(`  ${c.name}: ${label} / proxy throughput ${fmtRatio(ratio)} (target >= ${target}: ${metText(ratio >= target)}), ` +
+          `paired per round ${fmtRatio(paired)}; server CPU per request ${fmtRatio(cpuRatio, 2)}\n`);
+      }
+      return out;
+    };
+
+    // 4. The Responses API: proxy vs gateway on the same body, closed loop.
+    const responsesReq = (t: Closed, body: string) => rawRequest('POST', portOf[t], '/v1/responses', {
+      authorization: `Bearer ${clientKey}`, 'content-type': 'application/json',
+    }, body);
+    const small = JSON.stringify({ model: CLIENT_MODEL, input: 'Say hello to the benchmark.', max_output_tokens: 32, store: false });
+    const codex = codexSizedBody(CLIENT_MODEL, true);
+    const responsesResults = await compare('\n4. closed loop, POST /v1/responses', 'gateway', TARGET_THROUGHPUT, [
+      { name: 'plain, small body', request: (t) => responsesReq(t, small), expectBytes: Buffer.byteLength(RESPONSE), check: null,
+        first: (b) => b.toString('utf8') === RESPONSE },
+      { name: `streamed, Codex-sized body (${(Buffer.byteLength(codex) / 1024).toFixed(1)} KiB)`, request: (t) => responsesReq(t, codex), expectBytes: null,
+        check: (b) => b.length === Buffer.byteLength(RESPONSES_STREAM) && b.toString('utf8').endsWith(RESPONSES_DONE),
+        first: (b) => b.toString('utf8') === RESPONSES_STREAM },
+    ]);
     others.endPhase('4 responses');
 
     // 5. Translation: a chat call to a model on an Anthropic provider (Messages upstream, the
     // answer translated back) against the bare proxy passing the same chat call through.
-    const translatedCases = [false, true].map((stream) => ({
-      name: stream ? 'streamed' : 'plain',
-      request: (t: 'proxy' | 'gateway') => rawRequest('POST', portOf[t], '/v1/chat/completions', { authorization: `Bearer ${clientKey}`, 'content-type': 'application/json' },
-        bodyFor(t === 'gateway' ? TRANSLATED_MODEL : CLIENT_MODEL, stream)),
-      check: stream
-        ? (b: Buffer) => { const text = b.toString('utf8'); return text.includes('"content":"Hello"') && text.endsWith('data: [DONE]\n\n'); }
-        : (b: Buffer) => b.toString('utf8').includes(`"content":"${RESPONSE_TEXT}"`),
-    }));
-    for (const c of translatedCases) {
-      for (const t of closedTargets as Array<'proxy' | 'gateway'>) {
-        const a = await once(portOf[t], c.request(t));
-        if (a.status !== 200 || !c.check(a.body!)) throw new Error(`${t}: translated ${c.name} chat answered ${a.status}: ${a.body?.toString('utf8').slice(0, 400)}`);
-      }
-    }
-    process.stdout.write(`\n5. closed loop, chat on an Anthropic model (translated) vs the bare proxy passing chat through: ${flags.connections} connections, ${flags.responsesRounds} rounds x ${flags.durationS} s\n`);
-    const translatedResults: Array<{ name: string; proxyRps: number; gatewayRps: number; ratio: number; paired: number; cpuRatio: number }> = [];
-    for (const c of translatedCases) {
-      const drive = (t: 'proxy' | 'gateway', durationS: number, watch?: Record<string, number>) => closedLoop({
-        port: portOf[t], requests: [c.request(t)], durationS, connections: flags.connections, expectBytes: null, check: c.check, ...(watch === undefined ? {} : { watch }),
-      });
-      for (const t of closedTargets) await drive(t as 'proxy', flags.warmupS);
-      const runs: Record<string, RunResult[]> = { proxy: [], gateway: [] };
-      for (let r = 0; r < flags.responsesRounds; r++) {
-        for (const t of rotate(closedTargets, r) as Array<'proxy' | 'gateway'>) {
-          const res = await drive(t, flags.durationS, { server: pidOf[t] });
-          runs[t]!.push(res);
-          bad += non200(res);
-          process.stdout.write(`  ${c.name.padEnd(10)}${String(r + 1).padEnd(6)}${t.padEnd(9)}${fmtInt(res.rps).padStart(9)}${fmtMs(res.total.quantileUs(0.5)).padStart(9)}` +
-            `${(perReq(res, 'server') ?? NaN).toFixed(1).padStart(12)}  ${statusText(res)}\n`);
-        }
-      }
-      const proxyRps = median(runs.proxy!.map((r) => r.rps));
-      const gatewayRps = median(runs.gateway!.map((r) => r.rps));
-      const paired = median(runs.proxy!.map((p, i) => runs.gateway![i]!.rps / p.rps));
-      const cpuRatio = median(runs.gateway!.map((r) => perReq(r, 'server')!)) / median(runs.proxy!.map((r) => perReq(r, 'server')!));
-      translatedResults.push({ name: c.name, proxyRps: Math.round(proxyRps), gatewayRps: Math.round(gatewayRps), ratio: gatewayRps / proxyRps, paired, cpuRatio });
-      process.stdout.write(`  ${c.name}: gateway (translated) / proxy throughput ${(gatewayRps / proxyRps).toFixed(3)}x (target >= ${TARGET_TRANSLATED}: ${gatewayRps / proxyRps >= TARGET_TRANSLATED ? 'met' : 'NOT met'}), ` +
-        `paired per round ${paired.toFixed(3)}x; server CPU per request ${cpuRatio.toFixed(2)}x\n`);
-    }
+    const translatedResults = await compare('\n5. closed loop, chat on an Anthropic model (translated) vs the bare proxy passing chat through', 'gateway (translated)',
+      TARGET_TRANSLATED, [false, true].map((stream) => {
+        const check = stream
+          ? (b: Buffer) => { const text = b.toString('utf8'); return text.includes('"content":"Hello"') && text.endsWith('data: [DONE]\n\n'); }
+          : (b: Buffer) => b.toString('utf8').includes(`"content":"${RESPONSE_TEXT}"`);
+        return {
+          name: stream ? 'streamed' : 'plain', expectBytes: null, check, first: check,
+          request: (t: Closed) => rawRequest('POST', portOf[t], '/v1/chat/completions', { authorization: `Bearer ${clientKey}`, 'content-type': 'application/json' },
+            bodyFor(t === 'gateway' ? TRANSLATED_MODEL : CLIENT_MODEL, stream)),
+        };
+      }));
     others.endPhase('5 translated');
 
-    const steal1 = machineCpu();
-    const steal = steal0 !== null && steal1 !== null && steal1.total > steal0.total ? (steal1.steal - steal0.steal) / (steal1.total - steal0.total) : null;
-    process.stdout.write(`\nCPU steal by other guests over the run: ${steal === null ? '?' : `${Math.round(steal * 100)}%`}; phases during which another bench (bench/ledger*) ran: ${others.disturbed().join(', ') || 'none'}; non-200 / bad answers: ${bad}\n`);
-    const r3 = (x: number) => Math.round(x * 1000) / 1000;
+    const steal = stealShare(steal0, machineCpu());
+    process.stdout.write(`\nCPU steal by other guests over the run: ${pct(steal)}; phases during which another bench (bench/ledger*) ran: ${others.disturbed().join(', ') || 'none'}; non-200 / bad answers: ${bad}\n`);
     process.stdout.write(`${JSON.stringify({
       bench: 'proxy', node: process.version, date: new Date().toISOString(), cpus: cpu.length, flags,
-      closed: { proxyRps: Math.round(rps.proxy), gatewayRps: Math.round(rps.gateway), throughputRatio: r3(throughputRatio), pairedThroughputRatio: r3(pairedRps),
-        proxyCpuUsPerReq: r3(cpuReq.proxy), gatewayCpuUsPerReq: r3(cpuReq.gateway), cpuRatio: r3(cpuReq.gateway / cpuReq.proxy), providerCpuUsPerReq: r3(provReq) },
+      closed: { proxyRps: Math.round(rps.proxy), gatewayRps: Math.round(rps.gateway), throughputRatio: round3(throughputRatio), pairedThroughputRatio: round3(pairedRps),
+        proxyCpuUsPerReq: round3(cpuReq.proxy), gatewayCpuUsPerReq: round3(cpuReq.gateway), cpuRatio: round3(cpuReq.gateway / cpuReq.proxy), providerCpuUsPerReq: round3(provReq) },
       latency: Object.fromEntries(all.map((t) => [t, { p50Ms: latency[t].p50Us / 1000, p99Ms: latency[t].p99Us / 1000, p999Ms: latency[t].p999Us / 1000 }])),
-      addedMs: { p50: r3(addP50), p99: r3(addP99) },
+      addedMs: { p50: round3(addP50), p99: round3(addP99) },
       ttft: Object.fromEntries(all.map((t) => [t, { p50Ms: ttft[t].p50Us / 1000, p99Ms: ttft[t].p99Us / 1000 }])),
-      addedTtftMs: { p50: r3(addTtft), p99: r3((ttft.gateway.p99Us - ttft.direct.p99Us) / 1000) },
-      upstreamConnectionsPerStream: { proxy: r3(opened.proxy / streamsOf('proxy')), gateway: r3(opened.gateway / streamsOf('gateway')) },
-      responses: responsesResults.map((r) => ({ ...r, ratio: r3(r.ratio), paired: r3(r.paired), cpuRatio: r3(r.cpuRatio) })),
-      translated: translatedResults.map((r) => ({ ...r, ratio: r3(r.ratio), paired: r3(r.paired), cpuRatio: r3(r.cpuRatio) })),
-      steal: steal === null ? null : r3(steal), disturbedPhases: others.disturbed(), bad,
+      addedTtftMs: { p50: round3(addTtft), p99: round3((ttft.gateway.p99Us - ttft.direct.p99Us) / 1000) },
+      upstreamConnectionsPerStream: { proxy: round3(opened.proxy / streamsOf('proxy')), gateway: round3(opened.gateway / streamsOf('gateway')) },
+      responses: responsesResults, translated: translatedResults,
+      steal: steal === null ? null : round3(steal), disturbedPhases: others.disturbed(), bad,
     })}\n`);
   } finally {
     await cleanup();
@@ -629,23 +595,15 @@ async function main(): Promise<number> {
   return bad === 0 ? 0 : 1;
 }
 
-function arg(name: string): string {
-  const i = process.argv.indexOf(name);
-  const v = i === -1 ? undefined : process.argv[i + 1];
-  if (v === undefined) throw new Error(`missing ${name}`);
-  return v;
-}
-
 if (require.main === module) {
-  const role = process.argv.includes('--role') ? arg('--role') : 'bench';
-  if (role === 'provider') runProvider(arg('--key'));
-  else if (role === 'proxy') runProxy(Number(arg('--upstream')), arg('--key'));
-  else {
-    main().then((code) => {
-      process.exitCode = code;
-    }, (err: unknown) => {
-      process.stderr.write(`proxy bench failed: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
-      process.exitCode = 1;
+  // As a child process (`--role`): a server of the bench; else the bench itself.
+  if (process.argv.includes('--role')) {
+    const role = parseFlags('proxy.ts', ROLE_FLAGS, {
+      check: (v) => (v.key === '' ? '--key is required' : v.role === 'proxy' && v.upstream === 0 ? '--upstream is required' : null),
     });
+    if (role.role === 'provider') runProvider(role.key);
+    else runProxy(role.upstream, role.key);
+  } else {
+    runMain('proxy bench', main);
   }
 }

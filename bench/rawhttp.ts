@@ -1,8 +1,7 @@
 /**
- * Shared pieces of bench/proxy.ts, bench/redis.ts and bench/footprint.ts: a raw keep-alive
- * HTTP/1.1 client on `node:net` for any method (load.ts is GET-only), closed-loop and open-loop
- * drivers, child-process servers, /proc readings and the "wait until the other bench is done"
- * gate.
+ * Shared pieces of the bench scripts (cli.ts has their flags, rounds and formats): a raw
+ * keep-alive HTTP/1.1 client on `node:net` for any method, closed-loop and open-loop drivers,
+ * child-process servers, /proc readings and the "wait until the other bench is done" gate.
  *
  * The client writes precomputed request Buffers and parses answers minimally, like load.ts:
  * status, `content-length` or `transfer-encoding: chunked` (decoded chunk by chunk, so a
@@ -16,13 +15,6 @@ import { performance } from 'node:perf_hooks';
 import { Histogram } from './histogram.js';
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
-
-export function median(values: number[]): number {
-  if (values.length === 0) return NaN;
-  const s = [...values].sort((a, b) => a - b);
-  const mid = s.length >> 1;
-  return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Requests
@@ -44,8 +36,9 @@ export interface Answer {
   headMs: number;
   firstByteMs: number;
   totalMs: number;
-  /** The decoded body, when the request asked to keep it. */
+  /** The decoded body, and the status line and headers, when the request asked to keep them. */
   body: Buffer | null;
+  head: string | null;
   chunked: boolean;
 }
 
@@ -69,6 +62,7 @@ export class RawConn {
   private headAt = 0;
   private firstAt = 0;
   private keep: Buffer[] | null = null;
+  private head: string | null = null;
   /** Extra milliseconds to add to the measured latency (an open-loop request that waited for a connection). */
   private lateMs = 0;
 
@@ -120,6 +114,7 @@ export class RawConn {
       this.pending = null;
       this.headAt = performance.now();
       this.status = (buf[9]! - 48) * 100 + (buf[10]! - 48) * 10 + (buf[11]! - 48);
+      if (this.keep !== null) this.head = buf.toString('latin1', 0, end);
       const head = buf.toString('latin1', 0, end + 2).toLowerCase();
       const cl = /\r\ncontent-length: *(\d+)\r\n/.exec(head);
       if (cl !== null) {
@@ -203,9 +198,11 @@ export class RawConn {
       firstByteMs: (this.firstAt === 0 ? now : this.firstAt) - this.sentAt + late,
       totalMs: now - this.sentAt + late,
       body: this.keep === null ? null : Buffer.concat(this.keep),
+      head: this.head,
       chunked: this.chunked,
     };
     this.keep = null;
+    this.head = null;
     this.onAnswer(this, answer);
   }
 }
@@ -443,8 +440,15 @@ export async function openLoop(opts: DriveOptions & { ratePerS: number; pool: nu
   };
 }
 
-export function non200(r: RunResult): number {
+/** Answers that were not a correct 200 (any run result: this file's or load.ts's). */
+export function non200(r: { statuses: Record<string, number>; badBodies: number; errors: number }): number {
   return Object.entries(r.statuses).reduce((n, [k, v]) => n + (k === '200' ? 0 : v), 0) + r.badBodies + r.errors;
+}
+
+/** CPU microseconds per answered request of a watched process over a run; null when unknown. */
+export function perReq(r: RunResult, name: string): number | null {
+  const s = r.cpuS[name];
+  return s === null || s === undefined || r.requests === 0 ? null : (s * 1e6) / r.requests;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -488,6 +492,11 @@ export function machineCpu(): { busy: number; total: number; steal: number } | n
   } catch {
     return null;
   }
+}
+
+/** Share of the machine's CPU time stolen by other guests of the host between two readings. */
+export function stealShare(a: ReturnType<typeof machineCpu>, b: ReturnType<typeof machineCpu>): number | null {
+  return a === null || b === null || b.total <= a.total ? null : (b.steal - a.steal) / (b.total - a.total);
 }
 
 export interface Child {
@@ -574,10 +583,6 @@ export async function waitForQuiet(label: string): Promise<void> {
     await sleep(10_000);
   }
 }
-
-export const fmtMs = (us: number): string => (us / 1000).toFixed(3);
-export const fmtInt = (n: number): string => Math.round(n).toLocaleString('en-US');
-export const fmtMB = (bytes: number | null): string => (bytes === null ? '?' : (bytes / 1048576).toFixed(1));
 
 /** True when another benchmark (`bench/ledger*`, or a wrapper naming it) is running now. */
 function otherBenchRunning(): boolean {

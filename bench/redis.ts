@@ -1,22 +1,30 @@
 /**
- * `GET /v1/models` with the Redis limiter against the memory limiter, in one run, and Redis
- * memory per active account (issue "Scale out on Redis", item 7).
+ * The Redis limiter against the memory limiter, in one run: `GET /v1/models` and a billable chat
+ * call, and Redis memory per active account (issue "Scale out on Redis", item 7).
  *
  *   npm run build && node --import tsx bench/redis.ts [--rounds 5] [--duration 5] [--connections 32] [--warmup 3]
- *     [--accounts 1000] [--rpms 60,600]
+ *     [--accounts 1000] [--rpms 60,600] [--phases models,chat,memory]
  *
  * Starts its own `redis-server` on a free port of 127.0.0.1 (no persistence), and two gateways
  * (dist/main.js) with the same config except `limiter`: `{"store":"memory"}` and
- * `{"store":"redis","url":...,"timeoutMs":1000}`; one plan with rpm 2,000,000 (a real window,
- * never reached) and concurrency 100,000.
+ * `{"store":"redis","url":...,"timeoutMs":1000}`; memory ledger, mock provider; a plan with rpm
+ * 2,000,000 (a real window, never reached) and concurrency 100,000 for each of two accounts:
+ * one for `/v1/models`, one prepaid (balance and daily cap of $1,000,000, never reached) for chat.
  *
- *   1. throughput: bench/load.ts against each gateway, alternating (the order rotates each
- *      round): req/s, p50, p99, gateway CPU per request, Redis CPU per request
- *   2. memory: for rpm R in --rpms, FLUSHALL, then `RedisLimiter.admitInstant` (dist/, what
+ *   1. models: `GET /v1/models` against each gateway, closed loop, alternating (the order
+ *      rotates each round): req/s, p50, p99, gateway CPU per request, Redis CPU per request;
+ *      redis/memory throughput target >= 0.40
+ *   2. chat: `POST /v1/chat/completions`, non-streamed, a small body, to a priced mock model:
+ *      every call is admitted with a reservation and settled (ledger and limiter), in the
+ *      same rounds and columns; target >= 0.70
+ *   3. memory: for rpm R in --rpms, FLUSHALL, then `RedisLimiter.admitInstant` (dist/, what
  *      `/v1/models` calls) for --accounts accounts, each R times (its full RPM) within the
  *      minute; Redis `used_memory` before and after -> bytes per active account
+ * `--phases` picks some of them. Each throughput phase first checks one answer of each gateway
+ * (the models list; a chat completion echoing the prompt, with its usage).
  *
- * Prints tables and a final JSON line. Exits 1 when a check fails or an answer is not a correct 200.
+ * Prints tables and a final JSON line. Exits 1 when a check fails or an answer is not a correct
+ * 200; a missed target is reported, not an error.
  */
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { hash, randomBytes } from 'node:crypto';
@@ -25,41 +33,39 @@ import { cpus, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type { RedisLimiter as RedisLimiterType } from '../dist/limiter/redis.js';
-import { clean, load, type ExpectedModel, type LoadResult } from './load.js';
-import { fmtInt, freePort, machineCpu, median, processCpuS, sleep, startChild, stopChild, waitForQuiet, watchOthers, type Child } from './rawhttp.js';
+import {
+  choices, fmtInt, fmtMs, fmtRatio, fmtUs, int, ints, metText, num, parseFlags, pct, round3, runMain, runRounds, statusText, type FlagValues,
+} from './cli.js';
+import { checkChat, checkModels, type CheckResult } from './load.js';
+import {
+  closedLoop, freePort, machineCpu, non200, once, perReq, rawRequest, sleep, startChild, stealShare, stopChild, waitForQuiet, watchOthers,
+  type Child, type RunResult,
+} from './rawhttp.js';
 
 const ROOT = resolve(__dirname, '..');
-const TARGET_RATIO = 0.4;
+const LIMITERS = ['memory', 'redis'] as const;
+type Limiter = (typeof LIMITERS)[number];
+const MODELS = {
+  'echo-1': { provider: 'mock' },
+  'mock-gpt-4o-mini': { provider: 'mock', price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } },
+};
+const CHAT_MODEL = 'mock-gpt-4o-mini';
+const PROMPT = 'hello there, bench';
+/** Least redis/memory throughput wanted, per throughput phase. */
+const TARGET_MODELS = 0.4;
+const TARGET_CHAT = 0.7;
+/** The chat account's balance and daily cap: far more than a run can spend. */
+const CHAT_USD = 1_000_000;
 
-interface Flags {
-  rounds: number;
-  durationS: number;
-  connections: number;
-  warmupS: number;
-  accounts: number;
-  rpms: number[];
-}
-
-function parseFlags(argv: string[]): Flags {
-  const flags: Flags = { rounds: 5, durationS: 5, connections: 32, warmupS: 3, accounts: 1000, rpms: [60, 600] };
-  for (let i = 0; i < argv.length; i++) {
-    const [name, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
-    const raw = inline ?? argv[++i] ?? '';
-    const nums = raw.split(',').map(Number);
-    const bad = nums.some((n) => !Number.isFinite(n) || n <= 0);
-    if (name === '--rounds' && !bad) flags.rounds = nums[0]!;
-    else if (name === '--duration' && !bad) flags.durationS = nums[0]!;
-    else if (name === '--connections' && !bad) flags.connections = nums[0]!;
-    else if (name === '--warmup' && !bad) flags.warmupS = nums[0]!;
-    else if (name === '--accounts' && !bad) flags.accounts = nums[0]!;
-    else if (name === '--rpms' && !bad) flags.rpms = nums;
-    else {
-      process.stderr.write('usage: redis.ts [--rounds N] [--duration S] [--connections N] [--warmup S] [--accounts N] [--rpms 60,600]\n');
-      process.exit(2);
-    }
-  }
-  return flags;
-}
+const FLAGS = {
+  rounds: int({ default: 5, help: 'rounds per target and throughput phase' }),
+  durationS: num({ name: 'duration', default: 5, help: 'seconds per timed run' }),
+  connections: int({ default: 32, help: 'keep-alive connections' }),
+  warmupS: num({ name: 'warmup', default: 3, help: 'seconds of warmup per target and phase' }),
+  accounts: int({ default: 1000, help: 'memory phase: active accounts' }),
+  rpms: ints({ default: [60, 600], help: 'memory phase: the rpm limits measured' }),
+  phases: choices({ choices: ['models', 'chat', 'memory'], default: ['models', 'chat', 'memory'], help: 'the phases to run' }),
+};
 
 // ---------------------------------------------------------------------------------------------
 // Redis
@@ -78,7 +84,7 @@ async function startRedis(dir: string): Promise<Redis> {
     stdio: ['ignore', log, log],
   });
   closeSync(log);
-  const cli = (...args: string[]) => execFileSync('redis-cli', ['-h', '127.0.0.1', '-p', String(port), ...args], { encoding: 'utf8' }).trim();
+  const cli = (...args: string[]) => execFileSync('redis-cli', ['-h', '127.0.0.1', '-p', String(port), ...args], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).trim();
   for (let i = 0; ; i++) {
     try {
       if (cli('ping') === 'PONG') return { port, child, cli };
@@ -181,13 +187,114 @@ async function memoryPerAccount(redis: Redis, rpm: number, accounts: number): Pr
 }
 
 // ---------------------------------------------------------------------------------------------
+// Throughput: memory vs redis limiter
+// ---------------------------------------------------------------------------------------------
+
+/** A call loaded against both gateways. */
+interface Phase {
+  name: 'models' | 'chat';
+  title: string;
+  /** Least redis/memory throughput wanted. */
+  target: number;
+  request: (port: number) => Buffer;
+  /** One answer checked before the load; its body length is what every answer must have. */
+  check: (port: number) => Promise<CheckResult>;
+}
+
+interface Side { rps: number; p50Us: number; p99Us: number; p999Us: number; cpuUsPerReq: number }
+
+interface PhaseResult {
+  memory: Side;
+  redis: Side;
+  ratio: number;
+  paired: number;
+  redisCpuUsPerReq: number;
+  steal: number | null;
+  /** Timed runs with an answer that was not a correct 200 (or no answer at all). */
+  failures: number;
+}
+
+const HEADER = `  ${'round'.padEnd(6)}${'target'.padEnd(8)}${'req/s'.padStart(9)}${'p50 ms'.padStart(8)}${'p99 ms'.padStart(8)}${'p99.9 ms'.padStart(10)}${'gw us/req'.padStart(11)}${'redis us/req'.padStart(14)}  statuses`;
+const q = (r: RunResult, quantile: number) => r.total.quantileUs(quantile);
+
+async function throughput(p: Phase, servers: Record<Limiter, Child>, redisPid: number, flags: FlagValues<typeof FLAGS>): Promise<PhaseResult> {
+  const expectBytes = {} as Record<Limiter, number>;
+  for (const t of LIMITERS) {
+    const c = await p.check(servers[t].port);
+    if (!c.ok) throw new Error(`${t}: ${p.name} correctness check failed: ${c.problems.join('; ')}`);
+    expectBytes[t] = c.bodyBytes;
+  }
+  const drive = (t: Limiter, durationS: number) => closedLoop({
+    port: servers[t].port, requests: [p.request(servers[t].port)], durationS, connections: flags.connections,
+    expectBytes: expectBytes[t], watch: { gateway: servers[t].pid, redis: redisPid },
+  });
+  process.stdout.write(`${p.title}, memory vs redis limiter: ${flags.connections} connections, ${flags.rounds} rounds x ${flags.durationS} s per target\n${HEADER}\n`);
+  let failures = 0;
+  const steal0 = machineCpu();
+  const rounds = await runRounds({
+    targets: LIMITERS, rounds: flags.rounds,
+    warmup: (t) => drive(t, flags.warmupS),
+    run: (t) => drive(t, flags.durationS),
+    onRun: (t, round, r) => {
+      if (non200(r) > 0 || r.requests === 0) failures++;
+      const redisUs = t === 'redis' ? fmtUs(perReq(r, 'redis')) : '-';
+      process.stdout.write(`  ${String(round + 1).padEnd(6)}${t.padEnd(8)}${fmtInt(r.rps).padStart(9)}${fmtMs(q(r, 0.5), 2).padStart(8)}${fmtMs(q(r, 0.99), 2).padStart(8)}` +
+        `${fmtMs(q(r, 0.999), 2).padStart(10)}${fmtUs(perReq(r, 'gateway')).padStart(11)}${redisUs.padStart(14)}  ${statusText(r)}\n`);
+    },
+  });
+  const steal = stealShare(steal0, machineCpu());
+  const side = (t: Limiter): Side => ({
+    rps: rounds.median(t, (r) => r.rps), p50Us: rounds.median(t, (r) => q(r, 0.5)), p99Us: rounds.median(t, (r) => q(r, 0.99)),
+    p999Us: rounds.median(t, (r) => q(r, 0.999)), cpuUsPerReq: rounds.median(t, (r) => perReq(r, 'gateway') ?? NaN),
+  });
+  const [m, r] = [side('memory'), side('redis')];
+  const result: PhaseResult = {
+    memory: m, redis: r, ratio: r.rps / m.rps, paired: rounds.paired('redis', 'memory', (x) => x.rps),
+    redisCpuUsPerReq: rounds.median('redis', (x) => perReq(x, 'redis') ?? NaN), steal, failures,
+  };
+  for (const t of LIMITERS) {
+    const s = result[t];
+    process.stdout.write(`  median ${t.padEnd(7)} ${fmtInt(s.rps)} req/s, p50 ${fmtMs(s.p50Us, 2)} ms, p99 ${fmtMs(s.p99Us, 2)} ms, p99.9 ${fmtMs(s.p999Us, 2)} ms, gateway ${fmtUs(s.cpuUsPerReq)} us CPU/req\n`);
+  }
+  process.stdout.write(`  redis / memory: throughput ${fmtRatio(result.ratio)} (target >= ${p.target}: ${metText(result.ratio >= p.target)}), paired per round ${fmtRatio(result.paired)}; ` +
+    `p99 ${fmtRatio(result.redis.p99Us / result.memory.p99Us, 2)}; gateway CPU/req ${fmtRatio(result.redis.cpuUsPerReq / result.memory.cpuUsPerReq, 2)}; redis-server ${fmtUs(result.redisCpuUsPerReq)} us CPU/req\n`);
+  process.stdout.write(`  CPU steal by other guests during the phase: ${pct(steal)}\n`);
+  return result;
+}
+
+/**
+ * Null when the account behind `key` shows a charge in the limiter (`GET /v1/balance`: spend
+ * today and a balance below the initial one), else what it shows. Settling follows the answer,
+ * so it is polled for a second.
+ */
+async function settled(port: number, key: string): Promise<string | null> {
+  let last = '';
+  for (let i = 0; i < 20; i++) {
+    const a = await once(port, rawRequest('GET', port, '/v1/balance', { authorization: `Bearer ${key}` }));
+    last = `${a.status} ${a.body?.toString('utf8') ?? ''}`;
+    const b = a.status === 200 ? JSON.parse(a.body!.toString('utf8')) as { balance?: unknown; daily_spend?: unknown } : {};
+    if (Number(b.daily_spend) > 0 && Number(b.balance) < CHAT_USD) return null;
+    await sleep(50);
+  }
+  return `the call was not settled: GET /v1/balance answered ${last}`;
+}
+
+/** A phase's figures in the final JSON line. */
+function phaseJson(p: Phase, r: PhaseResult) {
+  const side = (s: Side) => ({ rps: Math.round(s.rps), p50Ms: s.p50Us / 1000, p99Ms: s.p99Us / 1000, cpuUsPerReq: round3(s.cpuUsPerReq) });
+  return {
+    memory: side(r.memory), redis: { ...side(r.redis), redisServerCpuUsPerReq: round3(r.redisCpuUsPerReq) },
+    throughputRatio: round3(r.ratio), pairedThroughputRatio: round3(r.paired), p99Ratio: round3(r.redis.p99Us / r.memory.p99Us),
+    target: p.target, targetMet: r.ratio >= p.target, steal: r.steal === null ? null : round3(r.steal),
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
 // Main
 // ---------------------------------------------------------------------------------------------
 
-type Result = LoadResult & { cpuUsPerReq: number | null; redisCpuUsPerReq: number | null };
-
 async function main(): Promise<number> {
-  const flags = parseFlags(process.argv.slice(2));
+  const flags = parseFlags('redis.ts', FLAGS);
   const dir = mkdtempSync(join(tmpdir(), 'mg-bench-redis-'));
   const servers: Child[] = [];
   let redis: Redis | null = null;
@@ -203,104 +310,86 @@ async function main(): Promise<number> {
     const others = watchOthers();
     redis = await startRedis(dir);
     const redisVersion = info(redis, 'server').redis_version ?? '?';
+    const cpu = cpus();
+    process.stdout.write(`redis bench: node ${process.version}, redis ${redisVersion}, ${cpu.length} CPU (${cpu[0]?.model ?? '?'}), ${new Date().toISOString()}\n`);
 
+    // Two accounts on one plan: /v1/models as before; chat on a prepaid account with a daily cap.
     const key = `sk-bench-${randomBytes(16).toString('hex')}`;
-    const models = {
-      'echo-1': { provider: 'mock' },
-      'mock-gpt-4o-mini': { provider: 'mock', price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } },
-    };
-    const expected: ExpectedModel[] = Object.entries(models).map(([id, m]) => ({ id, owned_by: m.provider }));
+    const chatKey = `sk-bench-chat-${randomBytes(16).toString('hex')}`;
     const config = (limiter: Record<string, unknown>) => ({
       server: { host: '127.0.0.1', port: 0, drainDelayMs: 0, drainTimeoutMs: 2000 },
       limiter,
       ledger: { store: 'memory' },
       plans: { bench: { rpm: 2_000_000, concurrency: 100_000 } },
-      accounts: { acct_bench: { plan: 'bench' } },
-      keys: { key_bench: { account: 'acct_bench', sha256: hash('sha256', key) } },
-      models,
+      accounts: { acct_bench: { plan: 'bench' }, acct_chat: { plan: 'bench', balanceUsd: CHAT_USD, dailyCapUsd: CHAT_USD } },
+      keys: { key_bench: { account: 'acct_bench', sha256: hash('sha256', key) }, key_chat: { account: 'acct_chat', sha256: hash('sha256', chatKey) } },
+      models: MODELS,
       providers: { mock: { protocol: 'mock' } },
     });
-    const files = { memory: join(dir, 'memory.json'), redis: join(dir, 'redis.json') };
-    writeFileSync(files.memory, JSON.stringify(config({ store: 'memory' })));
-    writeFileSync(files.redis, JSON.stringify(config({ store: 'redis', url: `redis://127.0.0.1:${redis.port}`, timeoutMs: 1000 })));
-    const targets = ['memory', 'redis'] as const;
-    for (const t of targets) servers.push(await startChild(t, process.execPath, ['dist/main.js', '--config', files[t], '--port', '0'], dir, { cwd: ROOT }));
-    const serverOf = (t: string) => servers.find((s) => s.name === t)!;
-
-    const cpu = cpus();
-    process.stdout.write(`redis bench: node ${process.version}, redis ${redisVersion}, ${cpu.length} CPU (${cpu[0]?.model ?? '?'}), ${new Date().toISOString()}\n`);
-    process.stdout.write(`\n1. GET /v1/models, memory vs redis limiter: ${flags.connections} connections, ${flags.rounds} rounds x ${flags.durationS} s per target\n`);
-    const steal0 = machineCpu();
-    const run = async (t: string, durationS: number): Promise<Result> => {
-      const s = serverOf(t);
-      const r0 = processCpuS(redis!.child.pid);
-      const r = await load({ url: s.url, path: '/v1/models', headers: { authorization: `Bearer ${key}` }, connections: flags.connections, durationS, expected, serverPid: s.pid });
-      const r1 = processCpuS(redis!.child.pid);
-      return {
-        ...r,
-        cpuUsPerReq: r.serverCpu === null || r.requests === 0 ? null : (r.serverCpu * r.elapsedS * 1e6) / r.requests,
-        redisCpuUsPerReq: t !== 'redis' || r0 === null || r1 === null || r.requests === 0 ? null : ((r1 - r0) * 1e6) / r.requests,
-      };
-    };
-    for (const t of targets) {
-      const w = await run(t, flags.warmupS);
-      if (!w.check.ok) throw new Error(`${t}: correctness check failed: ${w.check.problems.join('; ')}`);
+    const phases: Phase[] = [];
+    if (flags.phases.includes('models')) {
+      phases.push({
+        name: 'models', title: '\n1. GET /v1/models', target: TARGET_MODELS,
+        request: (port) => rawRequest('GET', port, '/v1/models', { authorization: `Bearer ${key}` }),
+        check: (port) => checkModels(`http://127.0.0.1:${port}`, '/v1/models', { authorization: `Bearer ${key}` },
+          Object.entries(MODELS).map(([id, m]) => ({ id, owned_by: m.provider }))),
+      });
     }
-    const results: Record<string, Result[]> = { memory: [], redis: [] };
-    process.stdout.write(`  ${'round'.padEnd(6)}${'target'.padEnd(8)}${'req/s'.padStart(9)}${'p50 ms'.padStart(8)}${'p99 ms'.padStart(8)}${'p99.9 ms'.padStart(10)}${'gw us/req'.padStart(11)}${'redis us/req'.padStart(14)}  statuses\n`);
-    for (let round = 0; round < flags.rounds; round++) {
-      for (const t of round % 2 === 0 ? targets : [...targets].reverse()) {
-        const r = await run(t, flags.durationS);
-        results[t]!.push(r);
-        if (!clean(r)) failures++;
-        const statuses = Object.entries(r.statuses).map(([k, v]) => `${k}:${v}`).join(' ') + (r.errors > 0 ? ` errors:${r.errors}` : '') + (r.badBodies > 0 ? ` bad:${r.badBodies}` : '');
-        process.stdout.write(`  ${String(round + 1).padEnd(6)}${t.padEnd(8)}${fmtInt(r.rps).padStart(9)}${(r.p50Us / 1000).toFixed(2).padStart(8)}${(r.p99Us / 1000).toFixed(2).padStart(8)}` +
-          `${(r.p999Us / 1000).toFixed(2).padStart(10)}${(r.cpuUsPerReq?.toFixed(1) ?? '?').padStart(11)}${(r.redisCpuUsPerReq?.toFixed(1) ?? '-').padStart(14)}  ${statuses}\n`);
+    if (flags.phases.includes('chat')) {
+      const body = JSON.stringify({ model: CHAT_MODEL, messages: [{ role: 'user', content: PROMPT }], max_tokens: 32 });
+      const request = (port: number) => rawRequest('POST', port, '/v1/chat/completions', { authorization: `Bearer ${chatKey}`, 'content-type': 'application/json' }, body);
+      phases.push({
+        name: 'chat', title: `\n2. POST /v1/chat/completions (billable: ${CHAT_MODEL}, prepaid account with a daily cap)`, target: TARGET_CHAT,
+        request, check: async (port) => {
+          const c = checkChat(await once(port, request(port)), CHAT_MODEL, PROMPT);
+          const problem = await settled(port, chatKey);
+          return problem === null ? c : { ...c, ok: false, problems: [...c.problems, problem] };
+        },
+      });
+    }
+
+    const results: Partial<Record<Phase['name'], PhaseResult>> = {};
+    if (phases.length > 0) {
+      const files = { memory: join(dir, 'memory.json'), redis: join(dir, 'redis.json') };
+      writeFileSync(files.memory, JSON.stringify(config({ store: 'memory' })));
+      writeFileSync(files.redis, JSON.stringify(config({ store: 'redis', url: `redis://127.0.0.1:${redis.port}`, timeoutMs: 1000 })));
+      for (const t of LIMITERS) servers.push(await startChild(t, process.execPath, ['dist/main.js', '--config', files[t], '--port', '0'], dir, { cwd: ROOT }));
+      const byName = { memory: servers[0]!, redis: servers[1]! };
+      for (const p of phases) {
+        const r = await throughput(p, byName, redis.child.pid!, flags);
+        results[p.name] = r;
+        failures += r.failures;
+        others.endPhase(p.name);
       }
+      // The memory phase wants nothing else touching Redis.
+      await Promise.all(servers.map((s) => stopChild(s.child)));
     }
-    const steal1 = machineCpu();
-    others.endPhase('1 throughput');
-    const med = (t: string, f: (r: Result) => number) => median(results[t]!.map(f));
-    const summary = Object.fromEntries(targets.map((t) => [t, {
-      rps: med(t, (r) => r.rps), p50Us: med(t, (r) => r.p50Us), p99Us: med(t, (r) => r.p99Us), p999Us: med(t, (r) => r.p999Us),
-      cpuUsPerReq: med(t, (r) => r.cpuUsPerReq ?? NaN),
-    }])) as Record<'memory' | 'redis', { rps: number; p50Us: number; p99Us: number; p999Us: number; cpuUsPerReq: number }>;
-    const redisCpu = med('redis', (r) => r.redisCpuUsPerReq ?? NaN);
-    const ratio = summary.redis.rps / summary.memory.rps;
-    const paired = median(results.memory!.map((m, i) => results.redis![i]!.rps / m.rps));
-    for (const t of targets) {
-      const s = summary[t];
-      process.stdout.write(`  median ${t.padEnd(7)} ${fmtInt(s.rps)} req/s, p50 ${(s.p50Us / 1000).toFixed(2)} ms, p99 ${(s.p99Us / 1000).toFixed(2)} ms, p99.9 ${(s.p999Us / 1000).toFixed(2)} ms, gateway ${s.cpuUsPerReq.toFixed(1)} us CPU/req\n`);
-    }
-    process.stdout.write(`  redis / memory: throughput ${ratio.toFixed(3)}x (target >= ${TARGET_RATIO}: ${ratio >= TARGET_RATIO ? 'met' : 'NOT met'}), paired per round ${paired.toFixed(3)}x; ` +
-      `p99 ${(summary.redis.p99Us / summary.memory.p99Us).toFixed(2)}x; gateway CPU/req ${(summary.redis.cpuUsPerReq / summary.memory.cpuUsPerReq).toFixed(2)}x; redis-server ${redisCpu.toFixed(1)} us CPU/req\n`);
-    const steal = steal0 !== null && steal1 !== null && steal1.total > steal0.total ? (steal1.steal - steal0.steal) / (steal1.total - steal0.total) : null;
-    process.stdout.write(`  CPU steal by other guests during phase 1: ${steal === null ? '?' : `${Math.round(steal * 100)}%`}\n`);
 
-    // Phase 2: the gateways are stopped first so nothing else touches Redis.
-    await Promise.all(servers.map((s) => stopChild(s.child)));
-    process.stdout.write(`\n2. Redis memory per active account: ${flags.accounts} accounts, each admitted its full RPM (RedisLimiter.admitInstant, dist/)\n`);
     const memory: MemoryResult[] = [];
-    for (const rpm of flags.rpms) {
-      const m = await memoryPerAccount(redis, rpm, flags.accounts);
-      memory.push(m);
-      if (m.rejected > 0) failures++;
-      process.stdout.write(`  rpm ${String(rpm).padEnd(5)} ${fmtInt(m.admissions)} admissions in ${m.elapsedS.toFixed(1)} s (${fmtInt(m.admissionsPerS)}/s, ${m.rejected} rejected), ${m.keys} keys, ` +
-        `used_memory ${fmtInt(m.usedBefore)} -> ${fmtInt(m.usedAfter)} B: ${fmtInt(m.bytesPerAccount)} B per account (${(m.bytesPerAccount / rpm).toFixed(1)} B per admission in the window); ` +
-        `window encoding ${m.encoding}, MEMORY USAGE of one window ${fmtInt(m.memoryUsageOfOneWindow)} B\n`);
-      if (m.elapsedS > 55) process.stdout.write('  (took longer than the window: the first admissions may have left it; per-account figure is then low)\n');
+    if (flags.phases.includes('memory')) {
+      process.stdout.write(`\n3. Redis memory per active account: ${flags.accounts} accounts, each admitted its full RPM (RedisLimiter.admitInstant, dist/)\n`);
+      for (const rpm of flags.rpms) {
+        const m = await memoryPerAccount(redis, rpm, flags.accounts);
+        memory.push(m);
+        if (m.rejected > 0) failures++;
+        process.stdout.write(`  rpm ${String(rpm).padEnd(5)} ${fmtInt(m.admissions)} admissions in ${m.elapsedS.toFixed(1)} s (${fmtInt(m.admissionsPerS)}/s, ${m.rejected} rejected), ${m.keys} keys, ` +
+          `used_memory ${fmtInt(m.usedBefore)} -> ${fmtInt(m.usedAfter)} B: ${fmtInt(m.bytesPerAccount)} B per account (${(m.bytesPerAccount / rpm).toFixed(1)} B per admission in the window); ` +
+          `window encoding ${m.encoding}, MEMORY USAGE of one window ${fmtInt(m.memoryUsageOfOneWindow)} B\n`);
+        if (m.elapsedS > 55) process.stdout.write('  (took longer than the window: the first admissions may have left it; per-account figure is then low)\n');
+      }
+      others.endPhase('memory');
     }
 
-    others.endPhase('2 memory');
-    process.stdout.write(`\nphases during which another bench (bench/ledger*) ran: ${others.disturbed().join(', ') || 'none'}\n`);
-    const r3 = (x: number) => Math.round(x * 1000) / 1000;
+    process.stdout.write(`\nphases during which another bench (bench/ledger*) ran: ${others.disturbed().join(', ') || 'none'}${failures > 0 ? `; FAILED: ${failures} run(s) with an answer that was not a correct 200, or rejected admissions` : ''}\n`);
+    const json = (name: Phase['name']) => {
+      const p = phases.find((x) => x.name === name);
+      return p === undefined || results[name] === undefined ? null : phaseJson(p, results[name]);
+    };
     process.stdout.write(`${JSON.stringify({
       bench: 'redis', node: process.version, redisVersion, date: new Date().toISOString(), cpus: cpu.length, flags,
-      memory: { rps: Math.round(summary.memory.rps), p50Ms: summary.memory.p50Us / 1000, p99Ms: summary.memory.p99Us / 1000, cpuUsPerReq: r3(summary.memory.cpuUsPerReq) },
-      redis: { rps: Math.round(summary.redis.rps), p50Ms: summary.redis.p50Us / 1000, p99Ms: summary.redis.p99Us / 1000, cpuUsPerReq: r3(summary.redis.cpuUsPerReq), redisServerCpuUsPerReq: r3(redisCpu) },
-      throughputRatio: r3(ratio), pairedThroughputRatio: r3(paired), p99Ratio: r3(summary.redis.p99Us / summary.memory.p99Us),
+      ...json('models'), chat: json('chat'),
       memoryPerAccount: memory.map((m) => ({ rpm: m.rpm, accounts: m.accounts, bytesPerAccount: Math.round(m.bytesPerAccount), encoding: m.encoding, admissionsPerS: Math.round(m.admissionsPerS), rejected: m.rejected })),
-      steal: steal === null ? null : r3(steal), disturbedPhases: others.disturbed(), failures,
+      disturbedPhases: others.disturbed(), failures,
     })}\n`);
   } finally {
     await cleanup();
@@ -308,9 +397,4 @@ async function main(): Promise<number> {
   return failures === 0 ? 0 : 1;
 }
 
-main().then((code) => {
-  process.exitCode = code;
-}, (err: unknown) => {
-  process.stderr.write(`redis bench failed: ${err instanceof Error ? err.stack ?? err.message : String(err)}\n`);
-  process.exitCode = 1;
-});
+runMain('redis bench', main);

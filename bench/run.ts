@@ -23,51 +23,25 @@ import { hash, randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
+import {
+  bool, fmtInt, fmtMs, fmtRatio, fmtUs, int, median, metText, num, parseFlags, path, pct, round3, runMain, runRounds, statusText, type Rounds,
+} from './cli.js';
 import { clean, load, type ExpectedModel, type LoadResult } from './load.js';
-import { machineCpu, startChild, stopChild, type Child } from './rawhttp.js';
+import { machineCpu, non200, stealShare, startChild, stopChild, type Child } from './rawhttp.js';
 
 const ROOT = resolve(__dirname, '..');
 const TARGET_THROUGHPUT = 0.9; // gateway req/s >= 0.90 x baseline
 const TARGET_P99 = 1.25; // gateway p99 <= 1.25 x baseline
 
-interface Flags {
-  rounds: number;
-  durationS: number;
-  connections: number;
-  warmupS: number;
-  rpm: number;
-  /** Add the gateway-nolog target (diagnosis: what the access log costs). */
-  nolog: boolean;
-  /** Add the gateway-before target: the dist/ of an older build. */
-  before: string | null;
-}
-
-function parseFlags(argv: string[]): Flags {
-  const flags: Flags = { rounds: 5, durationS: 5, connections: 32, warmupS: 3, rpm: 2_000_000, nolog: false, before: null };
-  const names: Record<string, Exclude<keyof Flags, 'nolog' | 'before'>> = {
-    '--rounds': 'rounds', '--duration': 'durationS', '--connections': 'connections', '--warmup': 'warmupS', '--rpm': 'rpm',
-  };
-  for (let i = 0; i < argv.length; i++) {
-    if (argv[i] === '--nolog') {
-      flags.nolog = true;
-      continue;
-    }
-    if (argv[i] === '--before' && argv[i + 1] !== undefined) {
-      flags.before = resolve(argv[++i]!);
-      continue;
-    }
-    const [name, inline] = argv[i]!.split('=', 2) as [string, string | undefined];
-    const field = names[name];
-    const value = Number(inline ?? argv[++i]);
-    if (field === undefined || !Number.isFinite(value) || value <= 0 || (field !== 'durationS' && field !== 'warmupS' && !Number.isInteger(value))) {
-      process.stderr.write(`usage: run.ts [--rounds N] [--duration S] [--connections N] [--warmup S] [--rpm N] [--nolog] [--before DIST_DIR]\nbad argument: ${argv[i - 1] ?? name}\n`);
-      process.exit(2);
-    }
-    flags[field] = value;
-  }
-  if (flags.rpm > 1_000_000_000) throw new Error('--rpm above 1,000,000,000: the config refuses it');
-  return flags;
-}
+const FLAGS = {
+  rounds: int({ default: 5, help: 'timed rounds of every target' }),
+  durationS: num({ name: 'duration', default: 5, help: 'seconds per timed run' }),
+  connections: int({ default: 32, help: 'keep-alive connections' }),
+  warmupS: num({ name: 'warmup', default: 3, help: 'seconds of warmup per target' }),
+  rpm: int({ default: 2_000_000, max: 1_000_000_000, help: "the gateway plan's rpm (a real window, never reached)" }),
+  nolog: bool({ help: 'add the gateway-nolog target (diagnosis: what the access log costs)' }),
+  before: path({ arg: 'DIST_DIR', help: 'add the gateway-before target: the dist/ of an older build' }),
+};
 
 // ---------------------------------------------------------------------------------------------
 // The source measured (servers are started and stopped with rawhttp.ts's startChild/stopChild)
@@ -104,24 +78,6 @@ interface Summary {
   non200: number;
 }
 
-function median(values: number[]): number {
-  const s = [...values].sort((a, b) => a - b);
-  const mid = s.length >> 1;
-  return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
-}
-
-const round3 = (x: number) => Math.round(x * 1000) / 1000;
-const ms = (us: number) => (us / 1000).toFixed(2);
-const int = (n: number) => Math.round(n).toLocaleString('en-US');
-const pct = (share: number) => `${Math.round(share * 100)}%`;
-const non200 = (r: LoadResult) => Object.entries(r.statuses).reduce((n, [s, c]) => n + (s === '200' ? 0 : c), 0) + r.errors + r.badBodies;
-const statusText = (r: LoadResult) => {
-  const parts = Object.entries(r.statuses).map(([s, n]) => `${s}:${n}`);
-  if (r.errors > 0) parts.push(`errors:${r.errors}`);
-  if (r.badBodies > 0) parts.push(`bad-bodies:${r.badBodies}`);
-  return parts.join(' ');
-};
-
 // vs base: throughput and p99 as multiples of the baseline's in the same round. cpu/req: server
 // CPU microseconds per request. cpu srv/gen: server and load generator CPU, % of one core.
 // steal: % of the machine's CPU time taken by other guests of the host meanwhile.
@@ -129,21 +85,21 @@ const HEADER = `  ${'target'.padEnd(18)} ${'req/s'.padStart(9)} ${'p50 ms'.padSt
   `${'vs base'.padEnd(14)} ${'cpu/req'.padStart(7)}  ${'cpu srv/gen'.padEnd(11)} ${'steal'.padStart(5)}  statuses`;
 
 function row(name: string, r: Result, base: Result | undefined): string {
-  const ratio = base === undefined || name === 'baseline' ? '' : `${(r.rps / base.rps).toFixed(3)}x ${(r.p99Us / base.p99Us).toFixed(2)}x`;
-  const cpu = `${r.serverCpu === null ? '?' : pct(r.serverCpu)}/${pct(r.loaderCpu)}`;
-  const perReq = r.cpuUsPerReq === null ? '?' : `${r.cpuUsPerReq.toFixed(1)}us`;
-  return `  ${name.padEnd(18)} ${int(r.rps).padStart(9)} ${ms(r.p50Us).padStart(7)} ${ms(r.p99Us).padStart(7)} ${ms(r.p999Us).padStart(8)}  ` +
-    `${ratio.padEnd(14)} ${perReq.padStart(7)}  ${cpu.padEnd(11)} ${(r.steal === null ? '?' : pct(r.steal)).padStart(5)}  ${statusText(r)}`;
+  const ratio = base === undefined || name === 'baseline' ? '' : `${fmtRatio(r.rps / base.rps)} ${fmtRatio(r.p99Us / base.p99Us, 2)}`;
+  const cpu = `${pct(r.serverCpu)}/${pct(r.loaderCpu)}`;
+  return `  ${name.padEnd(18)} ${fmtInt(r.rps).padStart(9)} ${fmtMs(r.p50Us, 2).padStart(7)} ${fmtMs(r.p99Us, 2).padStart(7)} ${fmtMs(r.p999Us, 2).padStart(8)}  ` +
+    `${ratio.padEnd(14)} ${`${fmtUs(r.cpuUsPerReq)}us`.padStart(7)}  ${cpu.padEnd(11)} ${pct(r.steal).padStart(5)}  ${statusText(r)}`;
 }
 
-function summarize(rs: Result[]): Summary {
-  const perReq = rs.map((r) => r.cpuUsPerReq).filter((x): x is number => x !== null);
+function summarize(rounds: Rounds<string, Result>, name: string): Summary {
+  const rs = rounds.results[name]!;
+  const med = (pick: (r: Result) => number) => rounds.median(name, pick);
   return {
-    rps: Math.round(median(rs.map((r) => r.rps))),
-    p50Us: median(rs.map((r) => r.p50Us)),
-    p99Us: median(rs.map((r) => r.p99Us)),
-    p999Us: median(rs.map((r) => r.p999Us)),
-    cpuUsPerReq: perReq.length === rs.length ? round3(median(perReq)) : null,
+    rps: Math.round(med((r) => r.rps)),
+    p50Us: med((r) => r.p50Us),
+    p99Us: med((r) => r.p99Us),
+    p999Us: med((r) => r.p999Us),
+    cpuUsPerReq: rs.every((r) => r.cpuUsPerReq !== null) ? round3(med((r) => r.cpuUsPerReq!)) : null,
     non200: rs.reduce((n, r) => n + non200(r), 0),
   };
 }
@@ -153,7 +109,7 @@ function summarize(rs: Result[]): Summary {
 // ---------------------------------------------------------------------------------------------
 
 async function main(): Promise<number> {
-  const flags = parseFlags(process.argv.slice(2));
+  const flags = parseFlags('run.ts', FLAGS);
   const dir = mkdtempSync(join(tmpdir(), 'mg-bench-'));
   const servers: Child[] = [];
   const cleanup = async () => {
@@ -191,6 +147,7 @@ async function main(): Promise<number> {
     servers.push(await startChild('gateway-unlimited', process.execPath, ['dist/main.js', '--config', unlimited, '--port', '0'], dir, { cwd: ROOT }));
     if (flags.nolog) servers.push(await startChild('gateway-nolog', process.execPath, ['--import', 'tsx', 'bench/gateway-nolog.ts', '--config', windowed], dir, { cwd: ROOT }));
     if (flags.before !== null) servers.push(await startChild('gateway-before', process.execPath, [join(flags.before, 'main.js'), '--config', windowed, '--port', '0'], dir, { cwd: ROOT }));
+    const serverOf = (name: string) => servers.find((s) => s.name === name)!;
 
     const cpu = cpus();
     const commit = sourceVersion();
@@ -212,43 +169,33 @@ async function main(): Promise<number> {
       if (!clean(r)) ok = false;
       return {
         ...r,
-        steal: before === null || after === null ? null : (after.steal - before.steal) / Math.max(1, after.total - before.total),
+        steal: stealShare(before, after),
         cpuUsPerReq: r.serverCpu === null || r.requests === 0 ? null : (r.serverCpu * r.elapsedS * 1e6) / r.requests,
       };
     };
 
     process.stdout.write(`\nwarmup\n${HEADER}\n`);
-    for (const server of servers) {
-      const r = await runOne(server, flags.warmupS);
-      process.stdout.write(`${row(server.name, r, undefined)}\n`);
-    }
+    const rounds = await runRounds({
+      targets: servers.map((s) => s.name), rounds: flags.rounds, stop: () => !ok,
+      warmup: async (name) => process.stdout.write(`${row(name, await runOne(serverOf(name), flags.warmupS), undefined)}\n`),
+      run: (name) => runOne(serverOf(name), flags.durationS),
+      onRound: (round, got, order) => {
+        process.stdout.write(`\nround ${round + 1} (order: ${order.join(', ')})\n${HEADER}\n`);
+        for (const s of servers) process.stdout.write(`${row(s.name, got[s.name]!, got.baseline)}\n`);
+      },
+    });
 
-    const results = new Map<string, Result[]>(servers.map((s) => [s.name, []]));
-    for (let round = 0; round < flags.rounds && ok; round++) {
-      const order = servers.map((_, i) => servers[(i + round) % servers.length]!);
-      const got = new Map<string, Result>();
-      for (const server of order) {
-        const r = await runOne(server, flags.durationS);
-        got.set(server.name, r);
-        results.get(server.name)!.push(r);
-      }
-      process.stdout.write(`\nround ${round + 1} (order: ${order.map((s) => s.name).join(', ')})\n${HEADER}\n`);
-      for (const server of servers) process.stdout.write(`${row(server.name, got.get(server.name)!, got.get('baseline'))}\n`);
-    }
-
-    const baseRounds = results.get('baseline')!;
     const summary: Record<string, Summary> = {};
     const ratios: Record<string, Record<string, number | boolean | null>> = {};
     let steal: number | null = null;
-    if (baseRounds.length > 0) {
-      for (const [name, rs] of results) summary[name] = summarize(rs);
+    if (rounds.count > 0) {
+      for (const s of servers) summary[s.name] = summarize(rounds, s.name);
       process.stdout.write(
-        `\nsummary: medians of ${baseRounds.length} rounds\n` +
+        `\nsummary: medians of ${rounds.count} rounds\n` +
         `  ${'target'.padEnd(18)} ${'req/s'.padStart(9)} ${'p50 ms'.padStart(7)} ${'p99 ms'.padStart(7)} ${'p99.9 ms'.padStart(8)}  ${'cpu/req'.padStart(7)}  non-200\n`,
       );
       for (const [name, s] of Object.entries(summary)) {
-        const perReq = s.cpuUsPerReq === null ? '?' : `${s.cpuUsPerReq.toFixed(1)}us`;
-        process.stdout.write(`  ${name.padEnd(18)} ${int(s.rps).padStart(9)} ${ms(s.p50Us).padStart(7)} ${ms(s.p99Us).padStart(7)} ${ms(s.p999Us).padStart(8)}  ${perReq.padStart(7)}  ${s.non200}\n`);
+        process.stdout.write(`  ${name.padEnd(18)} ${fmtInt(s.rps).padStart(9)} ${fmtMs(s.p50Us, 2).padStart(7)} ${fmtMs(s.p99Us, 2).padStart(7)} ${fmtMs(s.p999Us, 2).padStart(8)}  ${`${fmtUs(s.cpuUsPerReq)}us`.padStart(7)}  ${s.non200}\n`);
       }
       const base = summary.baseline!;
       for (const [name, s] of Object.entries(summary)) {
@@ -256,11 +203,10 @@ async function main(): Promise<number> {
         // The target ratios are of the medians. The paired ones (the median of each round's own
         // ratio) compare runs seconds apart, so slow drift in the machine cancels out of them;
         // CPU per request does not count stolen time at all, so it is the steadiest of the three.
-        const rs = results.get(name)!;
         const throughput = s.rps / base.rps;
         const p99 = s.p99Us / base.p99Us;
-        const pairedThroughput = median(rs.map((r, i) => r.rps / baseRounds[i]!.rps));
-        const pairedP99 = median(rs.map((r, i) => r.p99Us / baseRounds[i]!.p99Us));
+        const pairedThroughput = rounds.paired(name, 'baseline', (r) => r.rps);
+        const pairedP99 = rounds.paired(name, 'baseline', (r) => r.p99Us);
         const cpuPerReq = s.cpuUsPerReq === null || base.cpuUsPerReq === null ? null : s.cpuUsPerReq / base.cpuUsPerReq;
         ratios[name] = {
           throughput: round3(throughput), p99: round3(p99),
@@ -269,13 +215,13 @@ async function main(): Promise<number> {
           cpuPerReq: cpuPerReq === null ? null : round3(cpuPerReq),
         };
         process.stdout.write(
-          `  ${name} / baseline: throughput ${throughput.toFixed(3)}x (target >= ${TARGET_THROUGHPUT}: ${throughput >= TARGET_THROUGHPUT ? 'met' : 'NOT met'}), ` +
-          `p99 ${p99.toFixed(2)}x (target <= ${TARGET_P99}: ${p99 <= TARGET_P99 ? 'met' : 'NOT met'})\n` +
-          `    paired per round: throughput ${pairedThroughput.toFixed(3)}x, p99 ${pairedP99.toFixed(2)}x; ` +
-          `server CPU per request ${cpuPerReq === null ? '?' : `${cpuPerReq.toFixed(2)}x`}\n`,
+          `  ${name} / baseline: throughput ${fmtRatio(throughput)} (target >= ${TARGET_THROUGHPUT}: ${metText(throughput >= TARGET_THROUGHPUT)}), ` +
+          `p99 ${fmtRatio(p99, 2)} (target <= ${TARGET_P99}: ${metText(p99 <= TARGET_P99)})\n` +
+          `    paired per round: throughput ${fmtRatio(pairedThroughput)}, p99 ${fmtRatio(pairedP99, 2)}; ` +
+          `server CPU per request ${cpuPerReq === null ? '?' : fmtRatio(cpuPerReq, 2)}\n`,
         );
       }
-      const steals = [...results.values()].flat().map((r) => r.steal).filter((x): x is number => x !== null);
+      const steals = Object.values(rounds.results).flat().map((r) => r.steal).filter((x): x is number => x !== null);
       if (steals.length > 0) {
         steal = round3(median(steals));
         process.stdout.write(`  CPU steal by other guests of the host, median over runs: ${pct(steal)} (max ${pct(Math.max(...steals))})\n`);
@@ -293,9 +239,4 @@ async function main(): Promise<number> {
   }
 }
 
-main().then((code) => {
-  process.exitCode = code;
-}, (err: unknown) => {
-  process.stderr.write(`bench failed: ${(err as Error)?.stack ?? String(err)}\n`);
-  process.exitCode = 1;
-});
+runMain('bench', main);

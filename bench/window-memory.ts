@@ -14,6 +14,9 @@
  */
 import { MemoryLimiter } from '../src/limiter/memory.js';
 import type { AccountLimits, KeyLimits } from '../src/limiter/types.js';
+import { fmtInt, parseFlags } from './cli.js';
+
+parseFlags('window-memory.ts', {}); // no flags: --help, and a refusal of anything else
 
 const gc = (globalThis as { gc?: () => void }).gc;
 if (gc === undefined) {
@@ -70,6 +73,6 @@ for (const rpm of [60, 10_000, 1_000_000, 1_000_000_000]) {
   const accounts = perAccount >= 60_000 ? 20 : perAccount >= 10_000 ? 100 : 10_000;
   const full = measure(rpm, accounts, perAccount);
   rows.push({ rpm, before: 8 * rpm, one: Math.round(one), fullAdmissions: perAccount, full: Math.round(full) });
-  console.log(`| ${rpm.toLocaleString('en-US')} | ${fmt(8 * rpm)} | ${fmt(one)} | ${perAccount.toLocaleString('en-US')}${perAccount < rpm ? '+' : ''} | ${fmt(full)} |`);
+  console.log(`| ${fmtInt(rpm)} | ${fmt(8 * rpm)} | ${fmt(one)} | ${fmtInt(perAccount)}${perAccount < rpm ? '+' : ''} | ${fmt(full)} |`);
 }
 console.log(JSON.stringify({ bench: 'window-memory', rows }));
