@@ -1,10 +1,11 @@
 /**
- * Instructions per proxied call, counted by valgrind's callgrind: the bare Node proxy of
- * proxy.ts against one or more builds of the gateway. Timings on this 2-vCPU VM move by ±10 %
+ * Instructions per proxied call (`--call chat`) or per `GET /v1/models` (`--call models`),
+ * counted by valgrind's callgrind: the bare Node proxy of proxy.ts, or the bare node:http
+ * baseline of baseline.ts, against one or more builds of the gateway. Timings on this 2-vCPU VM move by ±10 %
  * from one minute to the next; instruction counts repeat within about 1 %, so this is how a
  * change to the hot path is judged before the timed bench (proxy.ts) confirms it.
  *
- *   npm run build && node --import tsx bench/instructions.ts [--gateway NAME=DIST_DIR ...]
+ *   npm run build && node --import tsx bench/instructions.ts [--call chat|models] [--gateway NAME=DIST_DIR ...]
  *     [--warmup 15] [--window 8] [--windows 3]
  *
  * Each server runs under `valgrind --tool=callgrind` with instrumentation off, is warmed up
@@ -21,7 +22,7 @@ import { hash, randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { fmtInt, int, median, num, parseFlags, runMain, strs } from './cli.js';
+import { choice, fmtInt, int, median, num, parseFlags, runMain, strs } from './cli.js';
 import { closedLoop, once, rawRequest, startChild, stopChild, type Child } from './rawhttp.js';
 
 const ROOT = resolve(__dirname, '..');
@@ -31,12 +32,15 @@ function control(flag: string, value: string | null, pid: number): void {
   execFileSync('callgrind_control', value === null ? [flag, String(pid)] : [flag, value, String(pid)], { stdio: 'ignore' });
 }
 const PROXY = join(__dirname, 'proxy.ts');
+const BASELINE = join(__dirname, 'baseline.ts');
 
 const FLAGS = {
+  call: choice({ choices: ['chat', 'models'], default: 'chat', help: 'a proxied chat call (against the bare proxy), or GET /v1/models (against the bare baseline)' }),
   gateways: strs({ name: 'gateway', arg: 'NAME=DIST_DIR', pattern: /^[\w-]+=.+$/, help: 'a build to measure (default: gateway=dist)' }),
   warmupS: num({ name: 'warmup', default: 15, help: 'seconds of warmup per server' }),
   windowS: num({ name: 'window', default: 8, help: 'seconds per counted window' }),
   windows: int({ default: 3, help: 'counted windows per server' }),
+  rpm: int({ default: 2_000_000, min: 0, help: "the plan's requests per minute (0: no RPM limit)" }),
 };
 
 async function main(): Promise<void> {
@@ -55,20 +59,24 @@ async function main(): Promise<void> {
     const provider = await startChild('provider', process.execPath, ['--import', 'tsx', PROXY, '--role', 'provider', '--key', providerKey], dir, { cwd: ROOT });
     children.push(provider);
     const servers: Array<{ name: string; child: Child }> = [];
-    const proxy = await startChild('proxy', underCallgrind('proxy')[0]!, [...underCallgrind('proxy').slice(1), '--import', 'tsx', PROXY,
-      '--role', 'proxy', '--key', providerKey, '--upstream', String(provider.port)], dir, { cwd: ROOT, timeoutMs: 120_000 });
-    children.push(proxy);
-    servers.push({ name: 'proxy', child: proxy });
     const config = {
       server: { host: '127.0.0.1', port: 0, drainDelayMs: 0, drainTimeoutMs: 2000 },
       limiter: { store: 'memory' }, ledger: { store: 'memory' },
-      plans: { bench: { rpm: 2_000_000, concurrency: 100_000, dailyCapUsd: 'unlimited' } },
+      plans: { bench: { ...(flags.rpm === 0 ? {} : { rpm: flags.rpm }), concurrency: 100_000, dailyCapUsd: 'unlimited' } },
       accounts: { acct_bench: { plan: 'bench' } },
       keys: { key_bench: { account: 'acct_bench', sha256: hash('sha256', clientKey) } },
       models: { 'gpt-bench': { provider: 'fake', upstreamModel: 'gpt-upstream-bench', price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } } },
       providers: { fake: { protocol: 'openai', baseUrl: `http://127.0.0.1:${provider.port}/v1`, apiKeyEnv: 'BENCH_PROVIDER_KEY' } },
     };
     writeFileSync(join(dir, 'gateway.json'), JSON.stringify(config));
+    const models = flags.call === 'models';
+    const bare = models ? 'baseline' : 'proxy';
+    const bareArgs = models ? [BASELINE, '--config', join(dir, 'gateway.json'), '--port', '0']
+      : [PROXY, '--role', 'proxy', '--key', providerKey, '--upstream', String(provider.port)];
+    const reference = await startChild(bare, underCallgrind(bare)[0]!, [...underCallgrind(bare).slice(1), '--import', 'tsx', ...bareArgs],
+      dir, { cwd: ROOT, timeoutMs: 120_000 });
+    children.push(reference);
+    servers.push({ name: bare, child: reference });
     for (const [name, dist] of gateways) {
       const child = await startChild(name, underCallgrind(name)[0]!, [...underCallgrind(name).slice(1), join(resolve(ROOT, dist), 'main.js'),
         '--config', join(dir, 'gateway.json'), '--port', '0'], dir, { cwd: ROOT, env: { ...process.env, BENCH_PROVIDER_KEY: providerKey }, timeoutMs: 120_000 });
@@ -80,9 +88,10 @@ async function main(): Promise<void> {
       model: 'gpt-bench', max_tokens: 32,
       messages: [{ role: 'system', content: 'You are a helpful assistant.' }, { role: 'user', content: 'Say hello to the benchmark.' }],
     });
-    process.stdout.write(`instructions per proxied call (callgrind, main thread), node ${process.version}\n`);
+    process.stdout.write(`instructions per ${models ? 'GET /v1/models' : 'proxied call'} (callgrind, main thread), node ${process.version}\n`);
     for (const { name, child } of servers) {
-      const request = rawRequest('POST', child.port, '/v1/chat/completions', { authorization: `Bearer ${clientKey}`, 'content-type': 'application/json' }, body);
+      const request = models ? rawRequest('GET', child.port, '/v1/models', { authorization: `Bearer ${clientKey}` })
+        : rawRequest('POST', child.port, '/v1/chat/completions', { authorization: `Bearer ${clientKey}`, 'content-type': 'application/json' }, body);
       const first = await once(child.port, request, 60_000);
       if (first.status !== 200) throw new Error(`${name} answered ${first.status}`);
       await closedLoop({ port: child.port, requests: [request], durationS: flags.warmupS, connections: 32 });

@@ -48,8 +48,10 @@ export class Logger {
   error(msg: string, fields?: Record<string, unknown>): void { this.log('error', msg, fields); }
 
   /**
-   * The access log line (src/access-line.ts encodes it): this runs for every request. `ms` is
-   * its duration; `endPerfMs` the performance.now() it ended at, if the caller has it.
+   * The access log line (src/access-line.ts encodes it): this runs for every request. The
+   * request id must be as src/http/context.ts makes or accepts them ([A-Za-z0-9._:-]{1,128}): it
+   * is copied unescaped. `ms` is the duration; `endPerfMs` the performance.now() it ended at, if
+   * the caller has it.
    */
   access(
     requestId: string, method: string, path: string, status: number, ms: number, accountId: string | null,
