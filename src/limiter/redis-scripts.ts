@@ -1,8 +1,10 @@
 /**
- * Lua run inside Redis: each admission is one EVALSHA that checks everything in the
- * contract's order and writes only when every check passes; settlement is another, release a
- * third. All keys of an account share the hash tag `{accountId}`, so the scripts also run on
- * Redis Cluster. Time is Redis's own (TIME), so instances with skewed clocks agree.
+ * Lua run inside Redis. The hot path is one script, BATCH: the admissions (each checks
+ * everything in the contract's order and writes only when every check passes), settlements and
+ * releases one instance made for one account in one event-loop turn, in one EVALSHA. Credits,
+ * snapshots, lease renewals and rebuilds have scripts of their own. All keys of an account
+ * share the hash tag `{accountId}`, and a script call never mixes accounts, so the scripts
+ * also run on Redis Cluster. Time is Redis's own (TIME), so instances with skewed clocks agree.
  *
  * Every script checks every argument before its first write (Lua does not roll back: a
  * command that fails half-way leaves the writes before it), and writes money with HSET of an
@@ -76,163 +78,6 @@ local function expireLeases(s, m, r)
   end
   if back > 0 then add(m, 'resv', -back) end
 end
-`;
-
-/**
- * KEYS: wt wn s m r kwt kwn ks i.
- * ARGV: id rpm conc krpm kconc haskey cap prepaid estimate lease hasidem instant needsrc
- * (limits and the estimate are -1 for "none").
- */
-export const ADMIT = `${PRELUDE}
-local id = ARGV[1]
-local rpm, conc = int(ARGV[2], -1, SAFE), int(ARGV[3], -1, SAFE)
-local krpm, kconc = int(ARGV[4], -1, SAFE), int(ARGV[5], -1, SAFE)
-local haskey = flag(ARGV[6])
-local cap, prepaid, est = int(ARGV[7], -1, SAFE), flag(ARGV[8]), int(ARGV[9], -1, SAFE)
-local lease = int(ARGV[10], 1, 86400000)
-local hasidem, instant, needsrc = flag(ARGV[11]), flag(ARGV[12]), flag(ARGV[13])
-if type(id) ~= 'string' or id == '' then return bad('id') end
-if rpm == nil then return bad('rpm') end
-if conc == nil then return bad('concurrency') end
-if krpm == nil then return bad('key rpm') end
-if kconc == nil then return bad('key concurrency') end
-if cap == nil then return bad('cap') end
-if est == nil then return bad('estimate') end
-if lease == nil then return bad('lease') end
-if haskey == nil or prepaid == nil or hasidem == nil or instant == nil or needsrc == nil then return bad('flag') end
-if est >= 0 and unsourced(needsrc, KEYS[4]) then return {'restore', 0, 0} end
-
-expireLeases(KEYS[3], KEYS[4], KEYS[5])
-if haskey then redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now) end
-
-if hasidem and redis.call('EXISTS', KEYS[9]) == 1 then return {'idempotency_conflict', 0, 0} end
-
-if est >= 0 then
-  local m = redis.call('HMGET', KEYS[4], 'day', 'spent', 'bal', 'resv')
-  local spent = num(m[2])
-  if num(m[1]) ~= day then spent = 0 end
-  local resv = num(m[4])
-  if cap >= 0 and spent + resv >= cap then return {'daily_cap_exceeded', 0, (day + 1) * 86400000} end
-  if prepaid and num(m[3]) - resv <= 0 then return {'insufficient_balance', 0, 0} end
-  -- Reservations stay a safe integer (the memory store refuses the same way).
-  if resv + est > SAFE then
-    if cap >= 0 then return {'daily_cap_exceeded', 0, (day + 1) * 86400000} end
-    return {'insufficient_balance', 0, 0}
-  end
-end
-
--- Milliseconds until one more admission fits in a window (expired pairs are dropped first).
-local function rpmwait(wt, wn, limit)
-  if limit < 0 then return 0 end
-  if limit == 0 then return 60000 end
-  local edge = now - 60000
-  local total = num(redis.call('HGET', wn, 'n'))
-  local gone = redis.call('ZRANGEBYSCORE', wt, '-inf', edge)
-  if #gone > 0 then
-    for i = 1, #gone, 1000 do
-      local last = math.min(i + 999, #gone)
-      local counts = redis.call('HMGET', wn, unpack(gone, i, last))
-      for j = 1, #counts do total = total - (counts[j] and num(counts[j]) or 1) end
-      redis.call('HDEL', wn, unpack(gone, i, last))
-    end
-    redis.call('ZREMRANGEBYSCORE', wt, '-inf', edge)
-    if total < 0 then total = 0 end
-    redis.call('HSET', wn, 'n', string.format('%.0f', total))
-  end
-  if total < limit then return 0 end
-  -- The oldest (total - limit + 1) admissions must leave before the next one fits.
-  local leaving = total - limit + 1
-  local from = 0
-  while true do
-    local page = redis.call('ZRANGE', wt, from, from + 99, 'WITHSCORES')
-    if #page == 0 then return 60000 end
-    for j = 1, #page, 2 do
-      local c = redis.call('HGET', wn, page[j])
-      leaving = leaving - (c and num(c) or 1)
-      if leaving <= 0 then return tonumber(page[j + 1]) + 60000 - now end
-    end
-    from = from + 100
-  end
-end
-local function rpmrecord(wt, wn)
-  local ms = string.format('%.0f', now)
-  -- A millisecond's first admission is its member alone; the second gives it a count.
-  if redis.call('ZADD', wt, 'NX', now, ms) == 0 then
-    if redis.call('HSETNX', wn, ms, 2) == 0 then redis.call('HINCRBY', wn, ms, 1) end
-  end
-  redis.call('HINCRBY', wn, 'n', 1)
-  redis.call('PEXPIRE', wt, 60000)
-  redis.call('PEXPIRE', wn, 60000)
-end
-
-local wait = rpmwait(KEYS[1], KEYS[2], rpm)
-if haskey then wait = math.max(wait, rpmwait(KEYS[6], KEYS[7], krpm)) end
-if wait > 0 then return {'rate_limit_exceeded', wait, 0} end
-
-if conc >= 0 and redis.call('ZCARD', KEYS[3]) >= conc then return {'concurrency_limit_exceeded', 1000, 0} end
-if haskey and kconc >= 0 and redis.call('ZCARD', KEYS[8]) >= kconc then return {'concurrency_limit_exceeded', 1000, 0} end
-
--- Every check passed: only now take anything.
-if rpm > 0 then rpmrecord(KEYS[1], KEYS[2]) end
-if haskey and krpm > 0 then rpmrecord(KEYS[6], KEYS[7]) end
-if not instant then
-  -- No expiry on the lease set: its reservations must come back through expireLeases.
-  redis.call('ZADD', KEYS[3], now + lease, id)
-  if haskey then
-    redis.call('ZADD', KEYS[8], now + lease, id)
-    redis.call('PEXPIRE', KEYS[8], lease * 2)
-  end
-  if hasidem then redis.call('SET', KEYS[9], id, 'PX', lease) end
-  if est > 0 then
-    redis.call('HSET', KEYS[5], id, string.format('%.0f', est))
-    add(KEYS[4], 'resv', est)
-  end
-end
-return {'ok', 0, 0}
-`;
-
-/**
- * Turns a ticket's reservation into its charge; holds on to its slot and idempotency key.
- * KEYS: m r. ARGV: id cost prepaid needsrc. Returns the balance after (prepaid) or 0, or 'restore'.
- */
-export const SETTLE = `${PRELUDE}
-local id = ARGV[1]
-local cost, prepaid, needsrc = int(ARGV[2], 0, SAFE), flag(ARGV[3]), flag(ARGV[4])
-if type(id) ~= 'string' or id == '' then return bad('id') end
-if cost == nil then return bad('cost') end
-if prepaid == nil or needsrc == nil then return bad('flag') end
-if cost > 0 and unsourced(needsrc, KEYS[1]) then return 'restore' end
-local amt = redis.call('HGET', KEYS[2], id)
-if amt then
-  redis.call('HDEL', KEYS[2], id)
-  add(KEYS[1], 'resv', -num(amt))
-end
-if cost > 0 then
-  if num(redis.call('HGET', KEYS[1], 'day')) ~= day then redis.call('HSET', KEYS[1], 'day', day, 'spent', 0) end
-  add(KEYS[1], 'spent', cost)
-  if prepaid then add(KEYS[1], 'bal', -cost) end
-end
-return num(redis.call('HGET', KEYS[1], 'bal'))
-`;
-
-/**
- * Gives back a ticket's slot, key slot and idempotency key, and its reservation if it was
- * never settled. KEYS: s m r ks i. ARGV: id haskey hasidem.
- */
-export const RELEASE = `${PRELUDE}
-local id = ARGV[1]
-local haskey, hasidem = flag(ARGV[2]), flag(ARGV[3])
-if type(id) ~= 'string' or id == '' then return bad('id') end
-if haskey == nil or hasidem == nil then return bad('flag') end
-redis.call('ZREM', KEYS[1], id)
-if haskey then redis.call('ZREM', KEYS[4], id) end
-if hasidem and redis.call('GET', KEYS[5]) == id then redis.call('DEL', KEYS[5]) end
-local amt = redis.call('HGET', KEYS[3], id)
-if amt then
-  redis.call('HDEL', KEYS[3], id)
-  add(KEYS[2], 'resv', -num(amt))
-end
-return 1
 `;
 
 /** Extends the leases of a live ticket. KEYS: s ks i. ARGV: id lease haskey hasidem. */
@@ -311,4 +156,298 @@ redis.call('HSET', KEYS[1], 'bal', string.format('%.0f', bal), 'day', day, 'spen
 if credited then redis.call('HSETNX', KEYS[1], 'credited', 'ledger') end
 for i = 2, #KEYS do redis.call('SET', KEYS[i], 1, 'NX', 'PX', 691200000) end
 return 1
+`;
+
+/**
+ * The admissions, settlements and releases one instance made for one account in one turn of its
+ * event loop, in one call, in the order they were made: each op decides exactly as it would in
+ * a script call of its own (they were three scripts, ADMIT, SETTLE and RELEASE, before the
+ * batching). An op checks its own arguments before its first write, and a bad
+ * op (or one whose Redis call fails) answers its own error without affecting the others. What the ops share is done once per call: TIME (every op sees the same `now`), the
+ * expiry of the account's leases and of each RPM window, and the reads and writes of the money
+ * hash, of the windows' counts and of their expiries, which are kept in Lua and written once at
+ * the end. (With one `now`, that is what the ops would have written one after the other.)
+ *
+ * KEYS: wt wn s m r (the account's), then per op: admit kwt kwn ks i; settle none; release ks i.
+ * ARGV: needsrc lease, then per op its kind and arguments:
+ *   'a' id rpm conc krpm kconc haskey cap prepaid estimate hasidem instant  (admit; limits and
+ *        the estimate are -1 for "none"; instant: an admission that holds nothing, /v1/models)
+ *   's' id cost prepaid   (settle: the reservation becomes the charge; slot and key stay held)
+ *   'r' id haskey hasidem (release: slot, key slot, idempotency key, and a reservation never settled)
+ * Returns one reply per op: admit {reason, wait, resetsAt} (reason 'restore' too), settle
+ * {'ok', balance} or {'restore'}, release {'ok'}; an op that failed: {'error', message}.
+ */
+export const BATCH = `${PRELUDE}
+local needsrc, lease = flag(ARGV[1]), int(ARGV[2], 1, 86400000)
+if needsrc == nil then return bad('flag') end
+if lease == nil then return bad('lease') end
+local W, N, S, M, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+
+-- The money hash, read once (on first use) and written once at the end (only what changed).
+local money, dirty = nil, {}
+local function mget(field)
+  if money == nil then
+    local v = redis.call('HMGET', M, 'day', 'spent', 'bal', 'resv', 'src')
+    money = { day = num(v[1]), spent = num(v[2]), bal = num(v[3]), resv = num(v[4]), src = v[5] }
+  end
+  return money[field]
+end
+local function mset(field, n)
+  mget(field)
+  money[field] = n
+  dirty[field] = true
+end
+local function madd(field, delta)
+  local n = mget(field) + delta
+  if n > SAFE then n = SAFE elseif n < -SAFE then n = -SAFE end
+  mset(field, n)
+  return n
+end
+local function nosrc()
+  return needsrc and mget('src') ~= '1'
+end
+
+-- Sorted-set sizes, counted once and then kept up to date.
+local cards = {}
+local function card(k)
+  local c = cards[k]
+  if c == nil then
+    c = redis.call('ZCARD', k)
+    cards[k] = c
+  end
+  return c
+end
+local function zadd(k, score, id)
+  local n = redis.call('ZADD', k, score, id)
+  if cards[k] ~= nil then cards[k] = cards[k] + n end
+end
+local function zrem(k, id)
+  local n = redis.call('ZREM', k, id)
+  if cards[k] ~= nil then cards[k] = cards[k] - n end
+end
+
+-- Leases of a crashed instance run out (once per call: with one now, a second pass finds nothing).
+local expired = false
+local function expire()
+  if expired then return end
+  expired = true
+  local gone = redis.call('ZRANGEBYSCORE', S, '-inf', now)
+  if #gone == 0 then return end
+  redis.call('ZREMRANGEBYSCORE', S, '-inf', now)
+  cards[S] = nil
+  local back = 0
+  for _, tid in ipairs(gone) do
+    local amt = redis.call('HGET', R, tid)
+    if amt then
+      redis.call('HDEL', R, tid)
+      back = back + num(amt)
+    end
+  end
+  if back > 0 then madd('resv', -back) end
+end
+local cleaned = {}
+local function expireKey(ks)
+  if cleaned[ks] then return end
+  cleaned[ks] = true
+  redis.call('ZREMRANGEBYSCORE', ks, '-inf', now)
+  cards[ks] = nil
+end
+
+-- RPM windows: expired pairs dropped once, the total kept in Lua; this call's admissions (all
+-- in the millisecond now) are written at the end. A wait that would reach them is 60000 either way.
+local wins, winlist = {}, {}
+local function window(wt, wn)
+  local w = wins[wt]
+  if w then return w end
+  local edge = now - 60000
+  local total = num(redis.call('HGET', wn, 'n'))
+  local gone = redis.call('ZRANGEBYSCORE', wt, '-inf', edge)
+  if #gone > 0 then
+    for i = 1, #gone, 1000 do
+      local last = math.min(i + 999, #gone)
+      local counts = redis.call('HMGET', wn, unpack(gone, i, last))
+      for j = 1, #counts do total = total - (counts[j] and num(counts[j]) or 1) end
+      redis.call('HDEL', wn, unpack(gone, i, last))
+    end
+    redis.call('ZREMRANGEBYSCORE', wt, '-inf', edge)
+    if total < 0 then total = 0 end
+    redis.call('HSET', wn, 'n', string.format('%.0f', total))
+  end
+  w = { wt = wt, wn = wn, total = total, rec = 0 }
+  wins[wt] = w
+  winlist[#winlist + 1] = w
+  return w
+end
+local function rpmwait(wt, wn, limit)
+  if limit < 0 then return 0 end
+  if limit == 0 then return 60000 end
+  local w = window(wt, wn)
+  if w.total < limit then return 0 end
+  local leaving = w.total - limit + 1
+  local from = 0
+  while true do
+    local page = redis.call('ZRANGE', wt, from, from + 99, 'WITHSCORES')
+    if #page == 0 then return 60000 end
+    for j = 1, #page, 2 do
+      local c = redis.call('HGET', wn, page[j])
+      leaving = leaving - (c and num(c) or 1)
+      if leaving <= 0 then return tonumber(page[j + 1]) + 60000 - now end
+    end
+    from = from + 100
+  end
+end
+local function rpmrecord(wt, wn)
+  local w = window(wt, wn)
+  w.total = w.total + 1
+  w.rec = w.rec + 1
+end
+
+local function admit(kwt, kwn, ks, ik, id, a_rpm, a_conc, a_krpm, a_kconc, a_haskey, a_cap, a_prepaid, a_est, a_hasidem, a_instant)
+  local rpm, conc = int(a_rpm, -1, SAFE), int(a_conc, -1, SAFE)
+  local krpm, kconc = int(a_krpm, -1, SAFE), int(a_kconc, -1, SAFE)
+  local haskey = flag(a_haskey)
+  local cap, prepaid, est = int(a_cap, -1, SAFE), flag(a_prepaid), int(a_est, -1, SAFE)
+  local hasidem, instant = flag(a_hasidem), flag(a_instant)
+  if type(id) ~= 'string' or id == '' then return bad('id') end
+  if rpm == nil then return bad('rpm') end
+  if conc == nil then return bad('concurrency') end
+  if krpm == nil then return bad('key rpm') end
+  if kconc == nil then return bad('key concurrency') end
+  if cap == nil then return bad('cap') end
+  if est == nil then return bad('estimate') end
+  if haskey == nil or prepaid == nil or hasidem == nil or instant == nil then return bad('flag') end
+  if est >= 0 and nosrc() then return {'restore', 0, 0} end
+
+  expire()
+  if haskey then expireKey(ks) end
+
+  if hasidem and redis.call('EXISTS', ik) == 1 then return {'idempotency_conflict', 0, 0} end
+
+  if est >= 0 then
+    local spent = mget('spent')
+    if mget('day') ~= day then spent = 0 end
+    local resv = mget('resv')
+    if cap >= 0 and spent + resv >= cap then return {'daily_cap_exceeded', 0, (day + 1) * 86400000} end
+    if prepaid and mget('bal') - resv <= 0 then return {'insufficient_balance', 0, 0} end
+    if resv + est > SAFE then
+      if cap >= 0 then return {'daily_cap_exceeded', 0, (day + 1) * 86400000} end
+      return {'insufficient_balance', 0, 0}
+    end
+  end
+
+  local wait = rpmwait(W, N, rpm)
+  if haskey then wait = math.max(wait, rpmwait(kwt, kwn, krpm)) end
+  if wait > 0 then return {'rate_limit_exceeded', wait, 0} end
+
+  if conc >= 0 and card(S) >= conc then return {'concurrency_limit_exceeded', 1000, 0} end
+  if haskey and kconc >= 0 and card(ks) >= kconc then return {'concurrency_limit_exceeded', 1000, 0} end
+
+  if rpm > 0 then rpmrecord(W, N) end
+  if haskey and krpm > 0 then rpmrecord(kwt, kwn) end
+  if not instant then
+    zadd(S, now + lease, id)
+    if haskey then
+      zadd(ks, now + lease, id)
+      redis.call('PEXPIRE', ks, lease * 2)
+    end
+    if hasidem then redis.call('SET', ik, id, 'PX', lease) end
+    if est > 0 then
+      redis.call('HSET', R, id, string.format('%.0f', est))
+      madd('resv', est)
+    end
+  end
+  return {'ok', 0, 0}
+end
+
+local function settle(id, a_cost, a_prepaid)
+  local cost, prepaid = int(a_cost, 0, SAFE), flag(a_prepaid)
+  if type(id) ~= 'string' or id == '' then return bad('id') end
+  if cost == nil then return bad('cost') end
+  if prepaid == nil then return bad('flag') end
+  if cost > 0 and nosrc() then return {'restore'} end
+  local amt = redis.call('HGET', R, id)
+  if amt then
+    redis.call('HDEL', R, id)
+    madd('resv', -num(amt))
+  end
+  if cost > 0 then
+    if mget('day') ~= day then
+      mset('day', day)
+      mset('spent', 0)
+    end
+    madd('spent', cost)
+    if prepaid then madd('bal', -cost) end
+  end
+  return {'ok', mget('bal')}
+end
+
+local function release(ks, ik, id, a_haskey, a_hasidem)
+  local haskey, hasidem = flag(a_haskey), flag(a_hasidem)
+  if type(id) ~= 'string' or id == '' then return bad('id') end
+  if haskey == nil or hasidem == nil then return bad('flag') end
+  zrem(S, id)
+  if haskey then zrem(ks, id) end
+  if hasidem and redis.call('GET', ik) == id then redis.call('DEL', ik) end
+  local amt = redis.call('HGET', R, id)
+  if amt then
+    redis.call('HDEL', R, id)
+    madd('resv', -num(amt))
+  end
+  return {'ok'}
+end
+
+local out = {}
+local k, a = 6, 3
+while a <= #ARGV do
+  local kind = ARGV[a]
+  local ok, res
+  if kind == 'a' then
+    ok, res = pcall(admit, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
+      ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10], ARGV[a + 11])
+    k, a = k + 4, a + 12
+  elseif kind == 's' then
+    ok, res = pcall(settle, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+    a = a + 4
+  elseif kind == 'r' then
+    ok, res = pcall(release, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+    k, a = k + 2, a + 4
+  else
+    -- The framing itself is wrong: nothing more can be read (the ops before it stand).
+    ok, res = false, 'ERR model-gateway: invalid argument op'
+    a = #ARGV + 1
+  end
+  if not ok then
+    res = {'error', type(res) == 'table' and res.err or tostring(res)}
+  elseif type(res) == 'table' and res.err then
+    res = {'error', res.err}
+  end
+  out[#out + 1] = res
+end
+
+-- What the ops left in Lua, written once.
+local ms = string.format('%.0f', now)
+for _, w in ipairs(winlist) do
+  if w.rec > 0 then
+    -- A millisecond's first admission is its member alone; more give it a count.
+    if redis.call('ZADD', w.wt, 'NX', now, ms) == 1 then
+      if w.rec > 1 then redis.call('HSET', w.wn, ms, w.rec) end
+    elseif redis.call('HSETNX', w.wn, ms, w.rec + 1) == 0 then
+      redis.call('HINCRBY', w.wn, ms, w.rec)
+    end
+    redis.call('HINCRBY', w.wn, 'n', w.rec)
+    redis.call('PEXPIRE', w.wt, 60000)
+    redis.call('PEXPIRE', w.wn, 60000)
+  end
+end
+if money ~= nil then
+  local set = {}
+  for _, f in ipairs({'day', 'spent', 'bal', 'resv'}) do
+    if dirty[f] then
+      set[#set + 1] = f
+      set[#set + 1] = string.format('%.0f', money[f])
+    end
+  end
+  if #set > 0 then redis.call('HSET', M, unpack(set)) end
+end
+return out
 `;

@@ -4,7 +4,8 @@ import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { AccountTotals } from '../ledger/types.js';
 import { checkAdmission, checkCost, checkCredit } from './guard.js';
-import { ADMIT, CREDIT, RELEASE, RENEW, RESTORE, SETTLE, SNAPSHOT } from './redis-scripts.js';
+import { BatchQueue, type BatchOp } from './redis-batch.js';
+import { BATCH, CREDIT, RENEW, RESTORE, SNAPSHOT } from './redis-scripts.js';
 import {
   Rejection, type AccountLimits, type AccountSnapshot, type Decision, type InstantDecision, type KeyLimits, type Limiter,
   type RejectReason, type Settlement, type Ticket,
@@ -54,8 +55,7 @@ interface Script {
 }
 const script = (source: string): Script => ({ source, sha: createHash('sha1').update(source).digest('hex') });
 const SCRIPTS = {
-  admit: script(ADMIT), settle: script(SETTLE), release: script(RELEASE), renew: script(RENEW), credit: script(CREDIT),
-  snapshot: script(SNAPSHOT), restore: script(RESTORE),
+  batch: script(BATCH), renew: script(RENEW), credit: script(CREDIT), snapshot: script(SNAPSHOT), restore: script(RESTORE),
 };
 
 /** Loads the optional `redis` package only when the config asks for it. */
@@ -68,11 +68,14 @@ export function loadRedis(): typeof import('redis') {
 }
 
 /**
- * The limiter shared by every gateway instance through Redis: one EVALSHA per admission
- * (every check in the contract's order), one per settlement, one per release. Slots,
+ * The limiter shared by every gateway instance through Redis. Admissions (every check in the
+ * contract's order), settlements and releases are queued per account and sent at the end of
+ * the event loop's turn: one EVALSHA of the BATCH script per account and turn, which runs each
+ * op as its own script would (redis-batch.ts, redis-scripts.ts). Slots,
  * reservations and idempotency keys are leases renewed while a request lives, so a crashed
  * instance's holdings return by themselves within `leaseMs`. Fail-closed: no offline queue,
- * a tight timeout per command, and a store that does not answer is a 503.
+ * a tight deadline per command (per batch: one for all the calls sent together), and a store
+ * that does not answer is a 503 for every op waiting on it.
  */
 export class RedisLimiter implements Limiter {
   private readonly client: RedisClientType;
@@ -92,6 +95,8 @@ export class RedisLimiter implements Limiter {
   private readonly needsrc: '0' | '1';
   /** Rebuilds under way, one per account. */
   private readonly restoring = new Map<string, Promise<void>>();
+  /** Admissions, settlements and releases waiting for the end of the turn, per account. */
+  private readonly batch: BatchQueue;
 
   constructor(options: RedisLimiterOptions) {
     const { createClient } = loadRedis();
@@ -114,6 +119,13 @@ export class RedisLimiter implements Limiter {
     }) as RedisClientType;
     this.client.on('error', (err: Error) => this.warn('redis limiter store error', err));
     this.client.connect().catch(() => { /* reconnects by itself; requests fail closed meanwhile */ });
+    this.batch = new BatchQueue((keys, ops) => this.sendBatch(keys, ops), this.timeoutMs, (cause) => {
+      if (cause !== null) this.warn('redis limiter command failed', cause);
+      return new GatewayError('limiter_unavailable', { retryAfterS: 1 });
+    }, (message) => {
+      this.warn('redis limiter command failed', new Error(message));
+      return new GatewayError('limiter_unavailable', { retryAfterS: 1 });
+    });
     this.renewTimer = setInterval(() => this.renewAll(), Math.max(100, Math.floor(this.leaseMs / 3)));
     this.renewTimer.unref();
   }
@@ -161,24 +173,28 @@ export class RedisLimiter implements Limiter {
     const t = ticket as RedisTicket;
     if (t.settled || t.released) return Promise.resolve(NOTHING_SETTLED);
     t.settled = true;
-    const a = this.tag(t.accountId);
-    return this.withMoney(t.accountId, () => this.eval(SCRIPTS.settle, [`${a}:m`, `${a}:r`], [t.id, String(costMicro), t.prepaid ? '1' : '0', this.needsrc]))
-      .then((balance) => ({ balanceAfterMicro: t.prepaid ? Number(balance) : null }));
+    const args = ['s', t.id, String(costMicro), t.prepaid ? '1' : '0'];
+    return this.withMoney(t.accountId, () => this.queue(t.accountId, NO_KEYS, args))
+      .then((r) => ({ balanceAfterMicro: t.prepaid ? Number((r as unknown[])[1]) : null }));
   }
 
   /**
-   * Gives the slot and idempotency key back (and a reservation never settled). Sent after any
-   * settlement of the same ticket on the same connection, so Redis runs the two in order; if
-   * Redis is away, the leases expire instead.
+   * Gives the slot and idempotency key back (and a reservation never settled). Queued after any
+   * settlement of the same ticket (in the same batch, or on the same connection after it), so
+   * Redis runs the two in order; if Redis is away, the leases expire instead.
    */
   release(ticket: Ticket): void {
     const t = ticket as RedisTicket;
     if (t.released) return;
     t.released = true;
     this.live.delete(t);
+    if (!this.client.isReady) return;
     const a = this.tag(t.accountId);
-    this.eval(SCRIPTS.release, [`${a}:s`, `${a}:m`, `${a}:r`, `${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`],
-      [t.id, t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0']).catch(() => {});
+    this.batch.push(t.accountId, () => this.accountKeys(a), {
+      keys: [`${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`],
+      args: ['r', t.id, t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0'],
+      resolve: ignore, reject: ignore,
+    });
   }
 
   restore(): void {
@@ -194,7 +210,7 @@ export class RedisLimiter implements Limiter {
     const a = this.tag(accountId);
     const keys = [`${a}:m`, `${a}:c:${creditId}`];
     if (formerId !== undefined) keys.push(`${a}:c:${formerId}`);
-    return this.withMoney(accountId, () => this.eval(SCRIPTS.credit, keys, [String(amountMicro), 'id', '', this.needsrc]))
+    return this.withMoney(accountId, () => this.eval(SCRIPTS.credit, keys, [String(amountMicro), 'id', '', this.needsrc], accountId))
       .then((r) => Number((r as unknown[])[1]));
   }
 
@@ -206,13 +222,13 @@ export class RedisLimiter implements Limiter {
     }
     const a = this.tag(accountId);
     const token = attempt || randomBytes(8).toString('hex');
-    return this.withMoney(accountId, () => this.eval(SCRIPTS.credit, [`${a}:m`, `${a}:c:`], [String(amountMicro), 'once', token, this.needsrc]))
+    return this.withMoney(accountId, () => this.eval(SCRIPTS.credit, [`${a}:m`, `${a}:c:`], [String(amountMicro), 'once', token, this.needsrc], accountId))
       .then((r) => ((r as unknown[])[0] === 1 ? Number((r as unknown[])[1]) : null));
   }
 
   snapshot(account: AccountLimits): Promise<AccountSnapshot> {
     const a = this.tag(account.id);
-    return this.withMoney(account.id, () => this.eval(SCRIPTS.snapshot, [`${a}:m`, `${a}:s`, `${a}:r`], [this.needsrc])).then((r) => {
+    return this.withMoney(account.id, () => this.eval(SCRIPTS.snapshot, [`${a}:m`, `${a}:s`, `${a}:r`], [this.needsrc], account.id)).then((r) => {
       const [bal, spent, resv, inFlight, now] = (r as unknown[]).map(Number) as [number, number, number, number, number];
       return {
         balanceMicro: account.prepaid ? bal : null, spentTodayMicro: spent, reservedMicro: resv, inFlight,
@@ -227,6 +243,7 @@ export class RedisLimiter implements Limiter {
 
   async close(): Promise<void> {
     clearInterval(this.renewTimer);
+    this.batch.flushAll();
     try {
       if (this.client.isOpen) await this.client.quit();
     } catch {
@@ -248,16 +265,13 @@ export class RedisLimiter implements Limiter {
     const a = this.tag(account.id);
     const limited = hasKeyLimits(key);
     const k = limited ? key.id : '';
-    const keys = [
-      `${a}:wt`, `${a}:wn`, `${a}:s`, `${a}:m`, `${a}:r`, `${a}:kwt:${k}`, `${a}:kwn:${k}`, `${a}:ks:${k}`, `${a}:i:${idempotencyKey ?? ''}`,
-    ];
+    const keys = [`${a}:kwt:${k}`, `${a}:kwn:${k}`, `${a}:ks:${k}`, `${a}:i:${idempotencyKey ?? ''}`];
     const n = (v: number | null) => String(v ?? -1);
     const args = [
-      id, n(account.rpm), n(account.concurrency), n(limited ? key.rpm : null), n(limited ? key.concurrency : null), limited ? '1' : '0',
-      n(account.dailyCapMicro), account.prepaid ? '1' : '0', n(estimateMicro), String(this.leaseMs),
-      idempotencyKey !== null ? '1' : '0', instant ? '1' : '0', this.needsrc,
+      'a', id, n(account.rpm), n(account.concurrency), n(limited ? key.rpm : null), n(limited ? key.concurrency : null), limited ? '1' : '0',
+      n(account.dailyCapMicro), account.prepaid ? '1' : '0', n(estimateMicro), idempotencyKey !== null ? '1' : '0', instant ? '1' : '0',
     ];
-    return this.withMoney(account.id, () => this.eval(SCRIPTS.admit, keys, args)).then((r) => {
+    return this.withMoney(account.id, () => this.queue(account.id, keys, args)).then((r) => {
       const [reason, wait, resetsAt] = r as [string, number, number];
       return reason === 'ok' ? null : new Rejection(reason as RejectReason, Number(wait), Number(resetsAt));
     });
@@ -283,7 +297,7 @@ export class RedisLimiter implements Limiter {
       const a = this.tag(accountId);
       restoring = this.money!(accountId).then((t) => this.eval(SCRIPTS.restore, [`${a}:m`, ...t.creditIds.map((id) => `${a}:c:${id}`)], [
         String(t.balanceMicro), String(t.day), String(t.spentMicro), t.credited ? '1' : '0',
-      ])).then((set) => {
+      ], accountId)).then((set) => {
         if (set === 1) this.logger?.info('account money rebuilt from the ledger', { account_id: accountId });
       }, (err: unknown) => {
         this.warn('rebuilding an account\'s money from the ledger failed', err as Error);
@@ -299,12 +313,11 @@ export class RedisLimiter implements Limiter {
    * command timeout does not cover a Redis that stops answering mid-connection). Any failure
    * is a 503 limiter_unavailable.
    */
-  private eval(s: Script, keys: string[], args: string[]): Promise<unknown> {
+  private eval(s: Script, keys: string[], args: string[], accountId?: string): Promise<unknown> {
     if (!this.client.isReady) return Promise.reject(new GatewayError('limiter_unavailable', { retryAfterS: 1 }));
-    const call = this.client.evalSha(s.sha, { keys, arguments: args }).catch((err: Error) => {
-      if (!String(err.message).startsWith('NOSCRIPT')) throw err;
-      return this.client.eval(s.source, { keys, arguments: args });
-    });
+    // The account's batched ops made before this command go first, as they would unbatched.
+    if (accountId !== undefined) this.batch.flushAccount(accountId);
+    const call = this.command(s, keys, args);
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => reject(new GatewayError('limiter_unavailable', { retryAfterS: 1 })), this.timeoutMs);
       call.then((value) => {
@@ -316,6 +329,43 @@ export class RedisLimiter implements Limiter {
         reject(new GatewayError('limiter_unavailable', { retryAfterS: 1 }));
       });
     });
+  }
+
+  /** EVALSHA, loading the script when Redis does not have it (NOSCRIPT). No deadline: the callers keep it. */
+  private command(s: Script, keys: readonly string[], args: readonly string[]): Promise<unknown> {
+    const options = { keys: keys as string[], arguments: args as string[] };
+    return this.client.evalSha(s.sha, options).catch((err: Error) => {
+      if (!String(err.message).startsWith('NOSCRIPT')) throw err;
+      return this.client.eval(s.source, options);
+    });
+  }
+
+  /**
+   * Queues an op in its account's batch (sent at the end of the turn, see redis-batch.ts);
+   * resolves to the op's own reply. Fails closed like `eval`: at once when Redis is away, and
+   * at the batch's deadline when it does not answer.
+   */
+  private queue(accountId: string, keys: readonly string[], args: readonly string[]): Promise<unknown[]> {
+    if (!this.client.isReady) return Promise.reject(new GatewayError('limiter_unavailable', { retryAfterS: 1 }));
+    return new Promise((resolve, reject) => {
+      this.batch.push(accountId, () => this.accountKeys(this.tag(accountId)), { keys, args, resolve, reject });
+    });
+  }
+
+  private accountKeys(a: string): string[] {
+    return [`${a}:wt`, `${a}:wn`, `${a}:s`, `${a}:m`, `${a}:r`];
+  }
+
+  /** One account's batch as one call of the BATCH script. */
+  private sendBatch(accountKeys: readonly string[], ops: readonly BatchOp[]): Promise<unknown> {
+    if (!this.client.isReady) return Promise.reject(new Error('the redis connection is not ready'));
+    const keys = [...accountKeys];
+    const args = [this.needsrc, String(this.leaseMs)];
+    for (const op of ops) {
+      for (const k of op.keys) keys.push(k);
+      for (const v of op.args) args.push(v);
+    }
+    return this.command(SCRIPTS.batch, keys, args);
   }
 
   /** At most one warning per 5 s: an outage must not flood the log. */
@@ -335,6 +385,9 @@ export class RedisLimiter implements Limiter {
     }
   }
 }
+
+const NO_KEYS: readonly string[] = [];
+const ignore = (): void => {};
 
 function hasKeyLimits(key: KeyLimits): boolean {
   return key.rpm !== null || key.concurrency !== null;

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { createClient } from 'redis';
 import { RedisLimiter } from '../../src/limiter/redis.js';
-import { ADMIT } from '../../src/limiter/redis-scripts.js';
+import { BATCH } from '../../src/limiter/redis-scripts.js';
 import type { AccountLimits, KeyLimits, Ticket } from '../../src/limiter/types.js';
 import { chatBody, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
 import { hasRedis, RedisServer } from '../helpers/redis-server.js';
@@ -109,20 +109,30 @@ if (hasRedis) {
       lim.release(t as Ticket);
     });
 
-    test('the admission script itself checks every argument before its first write', async () => {
+    test('the limiter script itself checks every argument of an admission before its first write', async () => {
       const client = createClient({ url: server.url });
       await client.connect();
       try {
         await client.flushAll();
         const keys = ['x{a}:wt', 'x{a}:wn', 'x{a}:s', 'x{a}:m', 'x{a}:r', 'x{a}:kwt:', 'x{a}:kwn:', 'x{a}:ks:', 'x{a}:i:z'];
-        const good = ['t1', '10', '10', '-1', '-1', '0', '1000', '0', '5', '30000', '1', '0', '0'];
-        for (const [at, value] of [[8, '1e+308'], [8, '9007199254740993'], [8, '1.5'], [8, 'NaN'], [1, '1e9999'], [6, '-2'], [9, '0'], [10, 'yes'], [12, '2']] as const) {
+        // BATCH: needsrc lease, then one admission: 'a' id rpm conc krpm kconc haskey cap prepaid estimate hasidem instant.
+        const good = ['0', '30000', 'a', 't1', '10', '10', '-1', '-1', '0', '1000', '0', '5', '1', '0'];
+        const opArgs = [[11, '1e+308'], [11, '9007199254740993'], [11, '1.5'], [11, 'NaN'], [4, '1e9999'], [9, '-2'], [12, 'yes']] as const;
+        for (const [at, value] of opArgs) {
           const args = [...good];
           args[at] = value;
-          await assert.rejects(client.eval(ADMIT, { keys, arguments: args }), /invalid argument/, `argument ${at} = ${value}`);
+          const [reply] = (await client.eval(BATCH, { keys, arguments: args })) as [[string, string]];
+          assert.equal(reply[0], 'error', `argument ${at} = ${value}`);
+          assert.match(reply[1], /invalid argument/);
           assert.deepEqual(await client.keys('x*'), [], `nothing written for argument ${at} = ${value}`);
         }
-        assert.deepEqual(await client.eval(ADMIT, { keys, arguments: good }), ['ok', 0, 0]);
+        for (const [at, value] of [[1, '0'], [0, '2']] as const) { // the call's own: lease, needsrc
+          const args = [...good];
+          args[at] = value;
+          await assert.rejects(client.eval(BATCH, { keys, arguments: args }), /invalid argument/, `argument ${at} = ${value}`);
+          assert.deepEqual(await client.keys('x*'), [], `nothing written for argument ${at} = ${value}`);
+        }
+        assert.deepEqual(await client.eval(BATCH, { keys, arguments: good }), [['ok', 0, 0]]);
       } finally {
         await client.quit();
       }

@@ -1,0 +1,135 @@
+/**
+ * Batches a Redis limiter's hot calls: the admissions, settlements and releases made for one
+ * account in one turn of the event loop go to Redis as one script call (the BATCH script of
+ * redis-scripts.ts), sent at `setImmediate`, so the requests parsed in the same poll phase
+ * share it. Ops of one account keep their order; accounts are never mixed in one call (all of
+ * a call's keys share the account's hash tag, as on Redis Cluster). All the calls sent at once
+ * share one deadline timer.
+ */
+
+/** One op waiting for its account's batch: its own keys, its arguments (kind first), its callbacks. */
+export interface BatchOp {
+  readonly keys: readonly string[];
+  readonly args: readonly string[];
+  readonly resolve: (reply: unknown[]) => void;
+  readonly reject: (err: Error) => void;
+}
+
+/** Sends one account's ops as one call: resolves to one reply per op, in order. */
+export type SendBatch = (accountKeys: readonly string[], ops: readonly BatchOp[]) => Promise<unknown>;
+
+/** Most ops in one script call: a larger turn is split, so one call never holds Redis long. */
+export const MAX_OPS_PER_CALL = 256;
+
+interface Queue {
+  readonly keys: readonly string[];
+  ops: BatchOp[];
+}
+
+export class BatchQueue {
+  private queues = new Map<string, Queue>();
+  private scheduled = false;
+
+  constructor(
+    private readonly send: SendBatch,
+    private readonly timeoutMs: number,
+    /** The error every op of a call gets when the call fails or misses its deadline. */
+    private readonly failure: (cause: Error | null) => Error,
+    /** An op that Redis answered with its own error. */
+    private readonly opError: (message: string) => Error,
+  ) {}
+
+  /** Queues an op of `accountId`, whose account keys are `accountKeys`; sent at the next setImmediate. */
+  push(accountId: string, accountKeys: () => readonly string[], op: BatchOp): void {
+    let q = this.queues.get(accountId);
+    if (q === undefined) {
+      q = { keys: accountKeys(), ops: [] };
+      this.queues.set(accountId, q);
+    }
+    q.ops.push(op);
+    if (!this.scheduled) {
+      this.scheduled = true;
+      setImmediate(this.flushAll);
+    }
+  }
+
+  /** Ops still waiting to be sent (for tests). */
+  get waiting(): number {
+    let n = 0;
+    for (const q of this.queues.values()) n += q.ops.length;
+    return n;
+  }
+
+  /**
+   * Sends the ops of one account now: a command that is not batched calls it first, so it
+   * reaches Redis after the ops made before it on the same connection, as without batching.
+   */
+  flushAccount(accountId: string): void {
+    const q = this.queues.get(accountId);
+    if (q === undefined) return;
+    this.queues.delete(accountId);
+    this.sendAll([q]);
+  }
+
+  /** Sends everything waiting (at the end of the turn, and at close). */
+  readonly flushAll = (): void => {
+    this.scheduled = false;
+    if (this.queues.size === 0) return;
+    const queues = [...this.queues.values()];
+    this.queues = new Map();
+    this.sendAll(queues);
+  };
+
+  private sendAll(queues: Queue[]): void {
+    const calls: { ops: BatchOp[]; done: boolean }[] = [];
+    for (const q of queues) {
+      for (let i = 0; i < q.ops.length; i += MAX_OPS_PER_CALL) calls.push({ ops: q.ops.slice(i, i + MAX_OPS_PER_CALL), done: false });
+    }
+    let open = calls.length;
+    const fail = (call: { ops: BatchOp[]; done: boolean }, cause: Error | null) => {
+      if (call.done) return;
+      call.done = true;
+      const err = this.failure(cause);
+      for (const op of call.ops) op.reject(err);
+    };
+    // One deadline for every call sent now: a Redis that stops answering fails them all.
+    const timer = setTimeout(() => {
+      for (const call of calls) fail(call, null);
+    }, this.timeoutMs);
+    const settled = () => {
+      if (--open === 0) clearTimeout(timer);
+    };
+    let c = 0;
+    for (const q of queues) {
+      for (let i = 0; i < q.ops.length; i += MAX_OPS_PER_CALL, c++) {
+        const call = calls[c]!;
+        let sent: Promise<unknown>;
+        try {
+          sent = this.send(q.keys, call.ops);
+        } catch (err) {
+          sent = Promise.reject(err);
+        }
+        sent.then((reply) => {
+          settled();
+          if (call.done) return;
+          call.done = true;
+          this.deliver(call.ops, reply);
+        }, (err: Error) => {
+          settled();
+          fail(call, err);
+        });
+      }
+    }
+  }
+
+  private deliver(ops: BatchOp[], reply: unknown): void {
+    const replies = Array.isArray(reply) ? reply : [];
+    for (let i = 0; i < ops.length; i++) {
+      const op = ops[i]!;
+      const r = replies[i];
+      if (!Array.isArray(r)) op.reject(this.failure(new Error('redis limiter: a batch answered no reply for an op')));
+      else if (r[0] === 'error') op.reject(this.opError(String(r[1])));
+      else op.resolve(r);
+    }
+  }
+}

@@ -1,0 +1,231 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { after, before, describe, test } from 'node:test';
+import { createClient } from 'redis';
+import { GatewayError } from '../../src/errors.js';
+import { RedisLimiter, type LedgerMoney } from '../../src/limiter/redis.js';
+import { BATCH } from '../../src/limiter/redis-scripts.js';
+import type { AccountLimits, Decision, KeyLimits, Ticket } from '../../src/limiter/types.js';
+import { hasRedis, RedisServer } from '../helpers/redis-server.js';
+
+/**
+ * The Redis limiter batches the admissions, settlements and releases of one account made in one
+ * turn of the event loop into one script call: decisions stay exact, ops keep their order, a bad
+ * op fails alone, and a Redis that stops answering fails every op of the batch closed.
+ */
+describe('Redis limiter: one script call per account and turn', { skip: hasRedis ? false : 'redis-server is not installed' }, () => {
+  const server = new RedisServer();
+  const limiters: RedisLimiter[] = [];
+  let lim: RedisLimiter;
+  const make = async (options: Partial<ConstructorParameters<typeof RedisLimiter>[0]> = {}) => {
+    const l = new RedisLimiter({ url: server.url, prefix: `b${randomBytes(3).toString('hex')}:`, timeoutMs: 500, ...options });
+    limiters.push(l);
+    await l.whenReady(3000);
+    return l;
+  };
+  before(async () => {
+    await server.start();
+    lim = await make();
+  });
+  after(async () => {
+    for (const l of limiters) await l.close();
+    await server.stop();
+  });
+
+  const cli = (...args: string[]) => spawnSync('redis-cli', ['-p', String(server.port), ...args], { encoding: 'utf8' }).stdout.trim();
+  /** EVALSHA calls since the last reset. */
+  const evalshas = () => Number(/cmdstat_evalsha:calls=(\d+)/.exec(cli('info', 'commandstats'))?.[1] ?? 0);
+  const fresh = (over: Partial<AccountLimits> = {}): AccountLimits => ({
+    id: `acct_${randomBytes(4).toString('hex')}`, rpm: null, concurrency: null, dailyCapMicro: null, prepaid: false, ...over,
+  });
+  const noKey: KeyLimits = { id: 'k0', rpm: null, concurrency: null };
+  const reason = (d: { ok: boolean }) => (d.ok ? 'ok' : (d as unknown as { reason: string }).reason);
+
+  test('many admissions of one account in one turn: one call, exactly rpm admitted', async () => {
+    const a = fresh({ rpm: 20 });
+    await lim.snapshot(a); // the script loaded, the connection warm
+    cli('config', 'resetstat');
+    const decisions = await Promise.all(Array.from({ length: 50 }, () => lim.admitInstant(a, noKey, null)));
+    assert.equal(decisions.filter((d) => d.ok).length, 20);
+    assert.equal(decisions.slice(0, 20).every((d) => d.ok), true, 'the first 20 made, in order');
+    assert.equal(evalshas(), 1, 'one script call for the 50');
+    const next = await lim.admitInstant(a, noKey, null);
+    assert.equal(reason(next), 'rate_limit_exceeded', 'the batch recorded its 20 admissions');
+  });
+
+  test('two accounts in one turn: one call each, each counted on its own', async () => {
+    const a = fresh({ rpm: 3 });
+    const b = fresh({ rpm: 5, concurrency: 2 });
+    cli('config', 'resetstat');
+    const calls: Promise<Decision>[] = [];
+    for (let i = 0; i < 10; i++) calls.push(lim.admit(a, noKey, null, null) as Promise<Decision>, lim.admit(b, noKey, null, null) as Promise<Decision>);
+    const decisions = await Promise.all(calls);
+    const of = (acct: AccountLimits) => decisions.filter((_, i) => (i % 2 === 0 ? a : b) === acct).map(reason);
+    assert.deepEqual(of(a), ['ok', 'ok', 'ok', ...Array(7).fill('rate_limit_exceeded')]);
+    assert.deepEqual(of(b), ['ok', 'ok', ...Array(8).fill('concurrency_limit_exceeded')]);
+    assert.equal(evalshas(), 2);
+    assert.equal((await lim.snapshot(b)).inFlight, 2);
+    for (const d of decisions) if (d.ok) lim.release(d);
+    assert.equal((await lim.snapshot(b)).inFlight, 0, 'the releases were sent before the snapshot');
+  });
+
+  test('ops of one account keep their order in a batch: a release frees the slot and key for an admission after it, not before', async () => {
+    const a = fresh({ concurrency: 1 });
+    const t1 = (await lim.admit(a, noKey, 'idem-o', null)) as Ticket;
+    assert.equal(reason(t1), 'ok');
+    // Admission first, then the release: the admission still finds the slot and key taken.
+    const early = lim.admit(a, noKey, 'idem-o', null);
+    lim.release(t1);
+    assert.equal(reason(await early), 'idempotency_conflict');
+    const t2 = (await lim.admit(a, noKey, 'idem-o', null)) as Ticket;
+    assert.equal(reason(t2), 'ok');
+    // Release first, then the admission, in one turn: it gets the slot and the key.
+    lim.release(t2);
+    const t3 = await lim.admit(a, noKey, 'idem-o', null);
+    assert.equal(reason(t3), 'ok');
+    lim.release(t3 as Ticket);
+  });
+
+  test('settle then release in one batch: charged once, the reservation gone, the balance right', async () => {
+    const a = fresh({ prepaid: true, dailyCapMicro: 10_000, concurrency: 10 });
+    await lim.creditOnce(a.id, 1000);
+    const tickets = await Promise.all([lim.admit(a, noKey, null, 300), lim.admit(a, noKey, null, 200)]) as Ticket[];
+    assert.deepEqual(tickets.map(reason), ['ok', 'ok']);
+    assert.equal((await lim.snapshot(a)).reservedMicro, 500);
+    cli('config', 'resetstat');
+    const settled = [lim.settle(tickets[0]!, 250), lim.settle(tickets[1]!, 100)];
+    lim.release(tickets[0]!);
+    lim.release(tickets[1]!);
+    const balances = (await Promise.all(settled)).map((s) => s.balanceAfterMicro);
+    assert.deepEqual(balances, [750, 650], 'each settlement answers the balance after it, in order');
+    assert.equal(evalshas(), 1);
+    const snap = await lim.snapshot(a);
+    assert.deepEqual([snap.balanceMicro, snap.spentTodayMicro, snap.reservedMicro, snap.inFlight], [650, 350, 0, 0]);
+  });
+
+  test('the batch script checks each op on its own: a bad op answers its error, writes nothing, and the others run', async () => {
+    const client = createClient({ url: server.url });
+    await client.connect();
+    try {
+      const p = `raw${randomBytes(3).toString('hex')}{a}`;
+      const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
+      const opKeys = [`${p}:kwt:`, `${p}:kwn:`, `${p}:ks:`, `${p}:i:x`];
+      const admit = (id: string, rpm: string) => [id, rpm, '10', '-1', '-1', '0', '1000', '0', '5', '1', '0'];
+      // Alone, a bad admission writes nothing at all.
+      assert.deepEqual(await client.eval(BATCH, { keys: [...keys, ...opKeys], arguments: ['0', '30000', 'a', ...admit('t0', '1.5')] }),
+        [['error', 'ERR model-gateway: invalid argument rpm']]);
+      assert.deepEqual(await client.keys(`${p}*`), []);
+      const reply = await client.eval(BATCH, {
+        keys: [...keys, ...opKeys, ...opKeys, ...opKeys, `${p}:ks:`, `${p}:i:x`],
+        arguments: ['0', '30000', 'a', ...admit('t1', '10'), 'a', ...admit('t2', '1e9999'), 'a', ...admit('t3', '10'), 's', 't1', '-4', '0', 's', 't1', '4', '0', 'r', 't1', '0', '1'],
+      });
+      assert.deepEqual(reply, [
+        ['ok', 0, 0],
+        ['error', 'ERR model-gateway: invalid argument rpm'],
+        ['idempotency_conflict', 0, 0], // t1 holds the key: t2 took nothing, t3 ran after t1
+        ['error', 'ERR model-gateway: invalid argument cost'],
+        ['ok', 0],
+        ['ok'],
+      ]);
+      assert.equal(await client.zCard(`${p}:s`), 0, 't1 released');
+      assert.equal(await client.hGet(`${p}:m`, 'spent'), '4');
+      assert.equal(await client.hGet(`${p}:m`, 'resv'), '0');
+      assert.equal(await client.hGet(`${p}:wn`, 'n'), '1', 'one admission counted: the bad one and the conflict took nothing');
+      await assert.rejects(client.eval(BATCH, { keys, arguments: ['2', '30000'] }), /invalid argument flag/);
+    } finally {
+      await client.quit();
+    }
+  });
+
+  test('\'restore\' in a batch: the money is rebuilt from the ledger once, then every op of the batch runs again', async () => {
+    let reads = 0;
+    const money = async (): Promise<LedgerMoney> => {
+      reads++;
+      return { balanceMicro: 1000, day: Math.floor(Date.now() / 86_400_000), spentMicro: 40, credited: true, creditIds: [] };
+    };
+    const l = await make({ money });
+    const a = fresh({ prepaid: true, dailyCapMicro: 100_000, concurrency: 10 });
+    const tickets = (await Promise.all([l.admit(a, noKey, null, 100), l.admit(a, noKey, null, 100), l.admit(a, noKey, null, 100)])) as Ticket[];
+    assert.deepEqual(tickets.map(reason), ['ok', 'ok', 'ok']);
+    assert.equal(reads, 1, 'read from the ledger once');
+    let snap = await l.snapshot(a);
+    assert.deepEqual([snap.balanceMicro, snap.spentTodayMicro, snap.reservedMicro], [1000, 40, 300]);
+    // Redis loses the money again: the settlements of one turn rebuild it, once, and are charged.
+    cli('del', `${(l as unknown as { prefix: string }).prefix}{${a.id}}:m`);
+    const settled = await Promise.all(tickets.map((t) => l.settle(t, 10)));
+    for (const t of tickets) l.release(t);
+    assert.equal(reads, 2);
+    assert.deepEqual(settled.map((s) => s.balanceAfterMicro), [990, 980, 970]);
+    snap = await l.snapshot(a);
+    assert.deepEqual([snap.balanceMicro, snap.spentTodayMicro, snap.inFlight], [970, 70, 0]);
+  });
+
+  test('a hostile amount fails its own call at the door and leaves the batch alone', async () => {
+    const a = fresh({ rpm: 2 });
+    const good = lim.admit(a, noKey, null, 5);
+    const bad = lim.admit(a, noKey, null, 1.5);
+    const good2 = lim.admit(a, noKey, null, 5);
+    await assert.rejects(bad, RangeError);
+    assert.deepEqual([reason(await good), reason(await good2)], ['ok', 'ok']);
+    lim.release((await good) as Ticket);
+    lim.release((await good2) as Ticket);
+  });
+});
+
+describe('Redis limiter: a Redis that stops answering mid-batch', { skip: hasRedis ? false : 'redis-server is not installed' }, () => {
+  const server = new RedisServer();
+  let lim: RedisLimiter;
+  before(async () => {
+    await server.start();
+    lim = new RedisLimiter({ url: server.url, prefix: 'frozen:', timeoutMs: 200, leaseMs: 1000 });
+    await lim.whenReady(3000);
+  });
+  after(async () => {
+    server.resume();
+    await lim.close();
+    await server.stop();
+  });
+
+  test('every op of the batch is a 503 at the deadline; slots taken meanwhile return with their leases', async () => {
+    const a: AccountLimits = { id: 'acct_f', rpm: null, concurrency: 3, dailyCapMicro: null, prepaid: false };
+    const key: KeyLimits = { id: 'k', rpm: null, concurrency: null };
+    const held = (await lim.admit(a, key, null, null)) as Ticket;
+    assert.equal(held.ok, true);
+    server.pause();
+    let resumed = false;
+    try {
+      const started = Date.now();
+      const ops = [lim.admit(a, key, null, null), lim.admitInstant(a, key, 'idem-f'), lim.settle(held, 0), lim.admit(a, key, null, null)];
+      const outcomes = await Promise.allSettled(ops);
+      const elapsed = Date.now() - started;
+      for (const o of outcomes) {
+        assert.equal(o.status, 'rejected');
+        assert.ok((o as PromiseRejectedResult).reason instanceof GatewayError);
+        assert.equal(((o as PromiseRejectedResult).reason as GatewayError).code, 'limiter_unavailable');
+      }
+      assert.ok(elapsed >= 150 && elapsed < 1000, `failed at the deadline (${elapsed} ms)`);
+      lim.release(held);
+      server.resume();
+      resumed = true;
+    } finally {
+      if (!resumed) server.resume();
+    }
+    // Redis ran what it had received once it woke: those slots return with their leases (1 s).
+    const until = Date.now() + 5000;
+    let inFlight = -1;
+    while (Date.now() < until) {
+      try {
+        inFlight = (await lim.snapshot(a)).inFlight;
+        if (inFlight === 0) break;
+      } catch {
+        // reconnecting
+      }
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.equal(inFlight, 0, 'no slot leaked');
+    const again = await Promise.all([lim.admit(a, key, null, null), lim.admit(a, key, null, null), lim.admit(a, key, null, null), lim.admit(a, key, null, null)]);
+    assert.deepEqual(again.map((d) => d.ok), [true, true, true, false], 'the full concurrency is back');
+    for (const d of again) if (d.ok) lim.release(d);
+  });
+});
