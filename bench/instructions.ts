@@ -22,7 +22,7 @@ import { hash, randomBytes } from 'node:crypto';
 import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
-import { choice, fmtInt, int, median, num, parseFlags, runMain, strs } from './cli.js';
+import { bool, choice, fmtInt, int, median, num, parseFlags, runMain, strs } from './cli.js';
 import { closedLoop, once, rawRequest, startChild, stopChild, type Child } from './rawhttp.js';
 
 const ROOT = resolve(__dirname, '..');
@@ -41,6 +41,7 @@ const FLAGS = {
   windowS: num({ name: 'window', default: 8, help: 'seconds per counted window' }),
   windows: int({ default: 3, help: 'counted windows per server' }),
   rpm: int({ default: 2_000_000, min: 0, help: "the plan's requests per minute (0: no RPM limit)" }),
+  keep: bool({ help: 'keep the callgrind dumps (their folder is printed), for callgrind_annotate' }),
 };
 
 async function main(): Promise<void> {
@@ -116,7 +117,8 @@ async function main(): Promise<void> {
     }
   } finally {
     await Promise.all(children.map((c) => stopChild(c.child)));
-    rmSync(dir, { recursive: true, force: true });
+    if (flags.keep) process.stdout.write(`callgrind dumps kept in ${dir} (cg.NAME.WINDOW-01: the main thread)\n`);
+    else rmSync(dir, { recursive: true, force: true });
   }
 }
 

@@ -111,13 +111,26 @@ export class AccessLines {
     return `${this.secondText}${ms < 10 ? '00' : ms < 100 ? '0' : ''}${ms}Z`;
   }
 
+  private lastMiddle: Middle = { method: '', status: 0, bytes: utf8('') };
+  private lastPath = '';
+
   /** The bytes from the end of the request id to `ms`'s digits, kept per path, method and status. */
   private middle(method: string, path: string, status: number): Buffer {
+    // Under load most lines repeat the last one's: comparing is cheaper than hashing the path.
+    const last = this.lastMiddle;
+    if (path === this.lastPath && status === last.status && method === last.method) return last.bytes;
+    const found = this.findMiddle(method, path, status);
+    this.lastPath = path;
+    this.lastMiddle = found;
+    return found.bytes;
+  }
+
+  private findMiddle(method: string, path: string, status: number): Middle {
     let kept = this.middles.get(path);
     if (kept !== undefined) {
       for (let i = 0; i < kept.length; i++) {
         const m = kept[i]!;
-        if (m.status === status && m.method === method) return m.bytes;
+        if (m.status === status && m.method === method) return m;
       }
       if (kept.length >= PER_PATH_MAX) kept.length = 0;
     } else {
@@ -125,9 +138,9 @@ export class AccessLines {
       kept = [];
       this.middles.set(path, kept);
     }
-    const bytes = utf8(`","method":${quote(method)},"path":${quote(path)},"status":${status},"ms":`);
-    kept.push({ method, status, bytes });
-    return bytes;
+    const middle = { method, status, bytes: utf8(`","method":${quote(method)},"path":${quote(path)},"status":${status},"ms":`) };
+    kept.push(middle);
+    return middle;
   }
 
   private setAccount(accountId: string | null): void {
