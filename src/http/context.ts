@@ -58,30 +58,31 @@ export class RequestContext {
     let conflict = false;
     let hasHost = false;
     const raw = req.rawHeaders;
-    // Hot path: compare lengths first so most header names are skipped without lowercasing.
+    // Hot path: compare lengths first so most header names are skipped, then the usual
+    // spellings, so a name is lowercased only when it is written unusually.
     for (let i = 0; i < raw.length; i += 2) {
       const name = raw[i]!;
       switch (name.length) {
         case 4:
-          if (name === 'Host' || name.toLowerCase() === 'host') hasHost = true;
+          if (name === 'host' || name === 'Host' || name.toLowerCase() === 'host') hasHost = true;
           break;
         case 9:
-          if (name === 'x-api-key' || name.toLowerCase() === 'x-api-key') {
+          if (name === 'x-api-key' || name === 'X-Api-Key' || name.toLowerCase() === 'x-api-key') {
             if (apiKeyHeader !== undefined && apiKeyHeader !== raw[i + 1]) conflict = true;
             apiKeyHeader = raw[i + 1];
           }
           break;
         case 12:
-          if (name === 'x-request-id' || name.toLowerCase() === 'x-request-id') requestId = raw[i + 1];
+          if (name === 'x-request-id' || name === 'X-Request-Id' || name.toLowerCase() === 'x-request-id') requestId = raw[i + 1];
           break;
         case 13:
-          if (name === 'authorization' || name.toLowerCase() === 'authorization') {
+          if (name === 'authorization' || name === 'Authorization' || name.toLowerCase() === 'authorization') {
             if (authorization !== undefined && authorization !== raw[i + 1]) conflict = true;
             authorization = raw[i + 1];
           }
           break;
         case 15:
-          if (name.toLowerCase() === 'idempotency-key') idempotencyKey = raw[i + 1];
+          if (name === 'idempotency-key' || name === 'Idempotency-Key' || name.toLowerCase() === 'idempotency-key') idempotencyKey = raw[i + 1];
           break;
       }
     }
@@ -96,7 +97,8 @@ export class RequestContext {
 function pickKey(apiKeyHeader: string | undefined, authorization: string | undefined): string | null {
   const fromHeader = apiKeyHeader === undefined ? '' : apiKeyHeader.trim();
   let fromBearer = '';
-  if (authorization !== undefined && authorization.length > 7 && authorization.slice(0, 7).toLowerCase() === 'bearer ') {
+  if (authorization !== undefined && authorization.length > 7 &&
+    (authorization.startsWith('Bearer ') || authorization.slice(0, 7).toLowerCase() === 'bearer ')) {
     fromBearer = authorization.slice(7).trim();
   }
   if (fromHeader !== '' && fromBearer !== '' && fromHeader !== fromBearer) return null;
