@@ -2,7 +2,9 @@
  * Batches a Redis limiter's hot calls: the admissions, settlements and releases made for one
  * account in one turn of the event loop go to Redis as one script call (the BATCH script of
  * redis-scripts.ts), sent at `setImmediate`, so the requests parsed in the same poll phase
- * share it. Ops of one account keep their order; accounts are never mixed in one call (all of
+ * share it. (Holding an account's ops while its previous call is out makes calls larger, but
+ * measured slower: 0.67x the memory limiter with up to 4 calls in flight, 0.62x with 1, against
+ * 0.71x sending every turn.) Ops of one account keep their order; accounts are never mixed in one call (all of
  * a call's keys share the account's hash tag, as on Redis Cluster). All the calls sent at once
  * share one deadline timer.
  */
@@ -11,7 +13,7 @@
 export interface BatchOp {
   readonly keys: readonly string[];
   readonly args: readonly string[];
-  readonly resolve: (reply: unknown[]) => void;
+  readonly resolve: (reply: unknown) => void;
   readonly reject: (err: Error) => void;
 }
 
@@ -127,8 +129,8 @@ export class BatchQueue {
     for (let i = 0; i < ops.length; i++) {
       const op = ops[i]!;
       const r = replies[i];
-      if (!Array.isArray(r)) op.reject(this.failure(new Error('redis limiter: a batch answered no reply for an op')));
-      else if (r[0] === 'error') op.reject(this.opError(String(r[1])));
+      if (r === undefined || r === null) op.reject(this.failure(new Error('redis limiter: a batch answered no reply for an op')));
+      else if (Array.isArray(r) && r[0] === 'error') op.reject(this.opError(String(r[1])));
       else op.resolve(r);
     }
   }

@@ -168,14 +168,19 @@ return 1
  * hash, of the windows' counts and of their expiries, which are kept in Lua and written once at
  * the end. (With one `now`, that is what the ops would have written one after the other.)
  *
- * KEYS: wt wn s m r (the account's), then per op: admit kwt kwn ks i; settle none; release ks i.
- * ARGV: needsrc lease, then per op its kind and arguments:
- *   'a' id rpm conc krpm kconc haskey cap prepaid estimate hasidem instant  (admit; limits and
- *        the estimate are -1 for "none"; instant: an admission that holds nothing, /v1/models)
- *   's' id cost prepaid   (settle: the reservation becomes the charge; slot and key stay held)
- *   'r' id haskey hasidem (release: slot, key slot, idempotency key, and a reservation never settled)
- * Returns one reply per op: admit {reason, wait, resetsAt} (reason 'restore' too), settle
- * {'ok', balance} or {'restore'}, release {'ok'}; an op that failed: {'error', message}.
+ * KEYS: wt wn s m r (the account's), then each op's own, as its kind says.
+ * ARGV: needsrc lease, then per op its kind and arguments (few and packed: Redis makes a Lua
+ * string of every argument, and that, with parsing them, was most of a call's cost):
+ *   'a' id "rpm,conc,krpm,kconc,cap,estimate" flags   admit. The limits and the estimate are
+ *        -1 for "none"; flags: 2 characters, prepaid and instant (an admission that holds
+ *        nothing, /v1/models), each '0' or '1'. 'ak' when the key has limits (KEYS kwt kwn ks
+ *        follow), 'ai' with an Idempotency-Key (KEYS i), 'aki' with both.
+ *   's' id cost prepaid   settle: the reservation becomes the charge; slot and key stay held
+ *   'r' id                release: slot, idempotency key, and a reservation never settled;
+ *        'rk' (KEYS ks), 'ri' (KEYS i), 'rki' (KEYS ks i) as for an admission
+ * Returns one reply per op, short in the common case (every reply is built by Redis and parsed by
+ * the gateway): admit 'ok' or {reason, wait, resetsAt} (reason 'restore' too), settle the
+ * balance after it or {'restore'}, release 1; an op that failed: {'error', message}.
  */
 export const BATCH = `${PRELUDE}
 local needsrc, lease = flag(ARGV[1]), int(ARGV[2], 1, 86400000)
@@ -302,20 +307,27 @@ local function rpmrecord(wt, wn)
   w.rec = w.rec + 1
 end
 
-local function admit(kwt, kwn, ks, ik, id, a_rpm, a_conc, a_krpm, a_kconc, a_haskey, a_cap, a_prepaid, a_est, a_hasidem, a_instant)
-  local rpm, conc = int(a_rpm, -1, SAFE), int(a_conc, -1, SAFE)
-  local krpm, kconc = int(a_krpm, -1, SAFE), int(a_kconc, -1, SAFE)
-  local haskey = flag(a_haskey)
-  local cap, prepaid, est = int(a_cap, -1, SAFE), flag(a_prepaid), int(a_est, -1, SAFE)
-  local hasidem, instant = flag(a_hasidem), flag(a_instant)
+-- An admission's six numbers in one argument (one pattern match, not six): each an integer
+-- of at most 17 characters in [-1, 2^53 - 1]; nil for any that is not.
+local function limits(v)
+  if type(v) ~= 'string' or #v > 107 then return nil end
+  local r = { string.match(v, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$') }
+  if #r ~= 6 then return nil end
+  for i = 1, 6 do
+    local n = #r[i] <= 17 and tonumber(r[i]) or nil
+    if n == nil or n < -1 or n > SAFE then return nil end
+    r[i] = n
+  end
+  return r
+end
+
+local function admit(kwt, kwn, ks, ik, haskey, hasidem, id, a_limits, a_flags)
   if type(id) ~= 'string' or id == '' then return bad('id') end
-  if rpm == nil then return bad('rpm') end
-  if conc == nil then return bad('concurrency') end
-  if krpm == nil then return bad('key rpm') end
-  if kconc == nil then return bad('key concurrency') end
-  if cap == nil then return bad('cap') end
-  if est == nil then return bad('estimate') end
-  if haskey == nil or prepaid == nil or hasidem == nil or instant == nil then return bad('flag') end
+  local l = limits(a_limits)
+  if l == nil then return bad('limits') end
+  local rpm, conc, krpm, kconc, cap, est = l[1], l[2], l[3], l[4], l[5], l[6]
+  if a_flags ~= '00' and a_flags ~= '01' and a_flags ~= '10' and a_flags ~= '11' then return bad('flag') end
+  local prepaid, instant = string.byte(a_flags, 1) == 49, string.byte(a_flags, 2) == 49
   if est >= 0 and nosrc() then return {'restore', 0, 0} end
 
   expire()
@@ -356,7 +368,7 @@ local function admit(kwt, kwn, ks, ik, id, a_rpm, a_conc, a_krpm, a_kconc, a_has
       madd('resv', est)
     end
   end
-  return {'ok', 0, 0}
+  return 'ok'
 end
 
 local function settle(id, a_cost, a_prepaid)
@@ -378,13 +390,11 @@ local function settle(id, a_cost, a_prepaid)
     madd('spent', cost)
     if prepaid then madd('bal', -cost) end
   end
-  return {'ok', mget('bal')}
+  return mget('bal')
 end
 
-local function release(ks, ik, id, a_haskey, a_hasidem)
-  local haskey, hasidem = flag(a_haskey), flag(a_hasidem)
+local function release(ks, ik, haskey, hasidem, id)
   if type(id) ~= 'string' or id == '' then return bad('id') end
-  if haskey == nil or hasidem == nil then return bad('flag') end
   zrem(S, id)
   if haskey then zrem(ks, id) end
   if hasidem and redis.call('GET', ik) == id then redis.call('DEL', ik) end
@@ -393,24 +403,36 @@ local function release(ks, ik, id, a_haskey, a_hasidem)
     redis.call('HDEL', R, id)
     madd('resv', -num(amt))
   end
-  return {'ok'}
+  return 1
 end
 
+-- An admission's or release's kind says which of its own keys follow: k, the key's
+-- limits (admit: kwt kwn ks; release: ks), and i, its Idempotency-Key.
+local HAS = { a = {false, false}, ak = {true, false}, ai = {false, true}, aki = {true, true},
+  r = {false, false}, rk = {true, false}, ri = {false, true}, rki = {true, true} }
 local out = {}
 local k, a = 6, 3
 while a <= #ARGV do
   local kind = ARGV[a]
+  local has = HAS[kind]
   local ok, res
-  if kind == 'a' then
-    ok, res = pcall(admit, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
-      ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8], ARGV[a + 9], ARGV[a + 10], ARGV[a + 11])
-    k, a = k + 4, a + 12
-  elseif kind == 's' then
+  if kind == 's' then
     ok, res = pcall(settle, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
     a = a + 4
-  elseif kind == 'r' then
-    ok, res = pcall(release, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
-    k, a = k + 2, a + 4
+  elseif has ~= nil and string.byte(kind, 1) == 97 then -- a
+    local haskey, hasidem = has[1], has[2]
+    local kwt, kwn, ks, ik
+    if haskey then kwt, kwn, ks, k = KEYS[k], KEYS[k + 1], KEYS[k + 2], k + 3 end
+    if hasidem then ik, k = KEYS[k], k + 1 end
+    ok, res = pcall(admit, kwt, kwn, ks, ik, haskey, hasidem, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
+    a = a + 4
+  elseif has ~= nil then -- r
+    local haskey, hasidem = has[1], has[2]
+    local ks, ik
+    if haskey then ks, k = KEYS[k], k + 1 end
+    if hasidem then ik, k = KEYS[k], k + 1 end
+    ok, res = pcall(release, ks, ik, haskey, hasidem, ARGV[a + 1])
+    a = a + 2
   else
     -- The framing itself is wrong: nothing more can be read (the ops before it stand).
     ok, res = false, 'ERR model-gateway: invalid argument op'

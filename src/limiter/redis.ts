@@ -175,7 +175,7 @@ export class RedisLimiter implements Limiter {
     t.settled = true;
     const args = ['s', t.id, String(costMicro), t.prepaid ? '1' : '0'];
     return this.withMoney(t.accountId, () => this.queue(t.accountId, NO_KEYS, args))
-      .then((r) => ({ balanceAfterMicro: t.prepaid ? Number((r as unknown[])[1]) : null }));
+      .then((balance) => ({ balanceAfterMicro: t.prepaid ? Number(balance) : null }));
   }
 
   /**
@@ -190,11 +190,10 @@ export class RedisLimiter implements Limiter {
     this.live.delete(t);
     if (!this.client.isReady) return;
     const a = this.tag(t.accountId);
-    this.batch.push(t.accountId, () => this.accountKeys(a), {
-      keys: [`${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`],
-      args: ['r', t.id, t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0'],
-      resolve: ignore, reject: ignore,
-    });
+    const keys = t.keyId !== null ? [`${a}:ks:${t.keyId}`] : [];
+    if (t.idempotencyKey !== null) keys.push(`${a}:i:${t.idempotencyKey}`);
+    const kind = t.keyId !== null ? (t.idempotencyKey !== null ? 'rki' : 'rk') : t.idempotencyKey !== null ? 'ri' : 'r';
+    this.batch.push(t.accountId, () => this.accountKeys(a), { keys, args: [kind, t.id], resolve: ignore, reject: ignore });
   }
 
   restore(): void {
@@ -265,15 +264,20 @@ export class RedisLimiter implements Limiter {
     const a = this.tag(account.id);
     const limited = hasKeyLimits(key);
     const k = limited ? key.id : '';
-    const keys = [`${a}:kwt:${k}`, `${a}:kwn:${k}`, `${a}:ks:${k}`, `${a}:i:${idempotencyKey ?? ''}`];
-    const n = (v: number | null) => String(v ?? -1);
+    // The BATCH script's admission: its kind names the keys that follow (k: the key's limits, i: an Idempotency-Key).
+    const keys = limited ? [`${a}:kwt:${k}`, `${a}:kwn:${k}`, `${a}:ks:${k}`] : [];
+    if (idempotencyKey !== null) keys.push(`${a}:i:${idempotencyKey}`);
+    const kind = limited ? (idempotencyKey !== null ? 'aki' : 'ak') : idempotencyKey !== null ? 'ai' : 'a';
+    const n = (v: number | null) => (v === null ? '-1' : String(v));
     const args = [
-      'a', id, n(account.rpm), n(account.concurrency), n(limited ? key.rpm : null), n(limited ? key.concurrency : null), limited ? '1' : '0',
-      n(account.dailyCapMicro), account.prepaid ? '1' : '0', n(estimateMicro), idempotencyKey !== null ? '1' : '0', instant ? '1' : '0',
+      kind, id,
+      `${n(account.rpm)},${n(account.concurrency)},${n(limited ? key.rpm : null)},${n(limited ? key.concurrency : null)},${n(account.dailyCapMicro)},${n(estimateMicro)}`,
+      `${account.prepaid ? '1' : '0'}${instant ? '1' : '0'}`,
     ];
     return this.withMoney(account.id, () => this.queue(account.id, keys, args)).then((r) => {
+      if (r === 'ok') return null;
       const [reason, wait, resetsAt] = r as [string, number, number];
-      return reason === 'ok' ? null : new Rejection(reason as RejectReason, Number(wait), Number(resetsAt));
+      return new Rejection(reason as RejectReason, Number(wait), Number(resetsAt));
     });
   }
 
@@ -345,7 +349,7 @@ export class RedisLimiter implements Limiter {
    * resolves to the op's own reply. Fails closed like `eval`: at once when Redis is away, and
    * at the batch's deadline when it does not answer.
    */
-  private queue(accountId: string, keys: readonly string[], args: readonly string[]): Promise<unknown[]> {
+  private queue(accountId: string, keys: readonly string[], args: readonly string[]): Promise<unknown> {
     if (!this.client.isReady) return Promise.reject(new GatewayError('limiter_unavailable', { retryAfterS: 1 }));
     return new Promise((resolve, reject) => {
       this.batch.push(accountId, () => this.accountKeys(this.tag(accountId)), { keys, args, resolve, reject });

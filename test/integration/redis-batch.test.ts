@@ -110,23 +110,25 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     try {
       const p = `raw${randomBytes(3).toString('hex')}{a}`;
       const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
-      const opKeys = [`${p}:kwt:`, `${p}:kwn:`, `${p}:ks:`, `${p}:i:x`];
-      const admit = (id: string, rpm: string) => [id, rpm, '10', '-1', '-1', '0', '1000', '0', '5', '1', '0'];
+      const idem = `${p}:i:x`;
+      // An admission with an Idempotency-Key ('ai': its key follows): rpm, concurrency, key rpm,
+      // key concurrency, cap, estimate; flags prepaid and instant.
+      const admit = (id: string, rpm: string) => ['ai', id, `${rpm},10,-1,-1,1000,5`, '00'];
       // Alone, a bad admission writes nothing at all.
-      assert.deepEqual(await client.eval(BATCH, { keys: [...keys, ...opKeys], arguments: ['0', '30000', 'a', ...admit('t0', '1.5')] }),
-        [['error', 'ERR model-gateway: invalid argument rpm']]);
+      assert.deepEqual(await client.eval(BATCH, { keys: [...keys, idem], arguments: ['0', '30000', ...admit('t0', '1.5')] }),
+        [['error', 'ERR model-gateway: invalid argument limits']]);
       assert.deepEqual(await client.keys(`${p}*`), []);
       const reply = await client.eval(BATCH, {
-        keys: [...keys, ...opKeys, ...opKeys, ...opKeys, `${p}:ks:`, `${p}:i:x`],
-        arguments: ['0', '30000', 'a', ...admit('t1', '10'), 'a', ...admit('t2', '1e9999'), 'a', ...admit('t3', '10'), 's', 't1', '-4', '0', 's', 't1', '4', '0', 'r', 't1', '0', '1'],
+        keys: [...keys, idem, idem, idem, idem],
+        arguments: ['0', '30000', ...admit('t1', '10'), ...admit('t2', '1e9999'), ...admit('t3', '10'), 's', 't1', '-4', '0', 's', 't1', '4', '0', 'ri', 't1'],
       });
       assert.deepEqual(reply, [
-        ['ok', 0, 0],
-        ['error', 'ERR model-gateway: invalid argument rpm'],
+        'ok',
+        ['error', 'ERR model-gateway: invalid argument limits'],
         ['idempotency_conflict', 0, 0], // t1 holds the key: t2 took nothing, t3 ran after t1
         ['error', 'ERR model-gateway: invalid argument cost'],
-        ['ok', 0],
-        ['ok'],
+        0,
+        1,
       ]);
       assert.equal(await client.zCard(`${p}:s`), 0, 't1 released');
       assert.equal(await client.hGet(`${p}:m`, 'spent'), '4');

@@ -114,10 +114,13 @@ if (hasRedis) {
       await client.connect();
       try {
         await client.flushAll();
-        const keys = ['x{a}:wt', 'x{a}:wn', 'x{a}:s', 'x{a}:m', 'x{a}:r', 'x{a}:kwt:', 'x{a}:kwn:', 'x{a}:ks:', 'x{a}:i:z'];
-        // BATCH: needsrc lease, then one admission: 'a' id rpm conc krpm kconc haskey cap prepaid estimate hasidem instant.
-        const good = ['0', '30000', 'a', 't1', '10', '10', '-1', '-1', '0', '1000', '0', '5', '1', '0'];
-        const opArgs = [[11, '1e+308'], [11, '9007199254740993'], [11, '1.5'], [11, 'NaN'], [4, '1e9999'], [9, '-2'], [12, 'yes']] as const;
+        const keys = ['x{a}:wt', 'x{a}:wn', 'x{a}:s', 'x{a}:m', 'x{a}:r', 'x{a}:i:z'];
+        // BATCH: needsrc lease, then one admission with an Idempotency-Key ('ai', its key last):
+        // id, "rpm,concurrency,key rpm,key concurrency,cap,estimate", flags prepaid and instant.
+        const good = ['0', '30000', 'ai', 't1', '10,10,-1,-1,1000,5', '00'];
+        const limits = (at: number, value: string) => { const l = good[4]!.split(','); l[at] = value; return l.join(','); };
+        const opArgs = [[4, limits(5, '1e+308')], [4, limits(5, '9007199254740993')], [4, limits(5, '1.5')], [4, limits(5, 'NaN')],
+          [4, limits(0, '1e9999')], [4, limits(4, '-2')], [4, '10,10,-1,-1,1000'], [5, '0x'], [5, '2'], [3, '']] as const;
         for (const [at, value] of opArgs) {
           const args = [...good];
           args[at] = value;
@@ -126,13 +129,15 @@ if (hasRedis) {
           assert.match(reply[1], /invalid argument/);
           assert.deepEqual(await client.keys('x*'), [], `nothing written for argument ${at} = ${value}`);
         }
-        for (const [at, value] of [[1, '0'], [0, '2']] as const) { // the call's own: lease, needsrc
+        for (const [at, value] of [[1, '0'], [0, '2'], [2, 'b']] as const) { // the call's own (lease, needsrc) and the framing
           const args = [...good];
           args[at] = value;
-          await assert.rejects(client.eval(BATCH, { keys, arguments: args }), /invalid argument/, `argument ${at} = ${value}`);
+          const answer = client.eval(BATCH, { keys, arguments: args });
+          if (at === 2) assert.deepEqual(await answer, [['error', 'ERR model-gateway: invalid argument op']]);
+          else await assert.rejects(answer, /invalid argument/, `argument ${at} = ${value}`);
           assert.deepEqual(await client.keys('x*'), [], `nothing written for argument ${at} = ${value}`);
         }
-        assert.deepEqual(await client.eval(BATCH, { keys, arguments: good }), [['ok', 0, 0]]);
+        assert.deepEqual(await client.eval(BATCH, { keys, arguments: good }), ['ok']);
       } finally {
         await client.quit();
       }
