@@ -15,8 +15,9 @@ export interface LoggerOptions {
 }
 
 /**
- * JSON lines to stdout (or another descriptor, or a Sink), through a bounded buffer written off the event loop
- * (LogOutput): a line costs a string and a copy, never a syscall or a wait. Never logs keys,
+ * JSON lines to stdout (or another descriptor, or a Sink), through a bounded buffer written off
+ * the event loop (LogOutput): a line costs a few copies into the buffer, never a syscall or a
+ * wait. Never logs keys,
  * hashes or bodies: callers pass only ids and numbers.
  */
 export class Logger {

@@ -63,10 +63,11 @@ end
 local function unsourced(needsrc, m)
   return needsrc and redis.call('HGET', m, 'src') ~= '1'
 end
--- Leases of a crashed instance run out: drop them and give their reservations back.
-local function expireLeases(s, m, r)
+-- Leases of a crashed instance run out: drops them and their reservations; returns the sum
+-- of those reservations, which the caller gives back to the money hash's resv.
+local function expireLeases(s, r)
   local expired = redis.call('ZRANGEBYSCORE', s, '-inf', now)
-  if #expired == 0 then return end
+  if #expired == 0 then return 0 end
   redis.call('ZREMRANGEBYSCORE', s, '-inf', now)
   local back = 0
   for _, tid in ipairs(expired) do
@@ -76,7 +77,7 @@ local function expireLeases(s, m, r)
       back = back + num(amt)
     end
   end
-  if back > 0 then add(m, 'resv', -back) end
+  return back
 end
 `;
 
@@ -130,7 +131,8 @@ export const SNAPSHOT = `${PRELUDE}
 local needsrc = flag(ARGV[1])
 if needsrc == nil then return bad('flag') end
 if unsourced(needsrc, KEYS[1]) then return 'restore' end
-expireLeases(KEYS[2], KEYS[1], KEYS[3])
+local back = expireLeases(KEYS[2], KEYS[3])
+if back > 0 then add(KEYS[1], 'resv', -back) end
 local m = redis.call('HMGET', KEYS[1], 'day', 'spent', 'bal', 'resv')
 local spent = 0
 if num(m[1]) == day then spent = num(m[2]) end
@@ -236,18 +238,8 @@ local expired = false
 local function expire()
   if expired then return end
   expired = true
-  local gone = redis.call('ZRANGEBYSCORE', S, '-inf', now)
-  if #gone == 0 then return end
-  redis.call('ZREMRANGEBYSCORE', S, '-inf', now)
   cards[S] = nil
-  local back = 0
-  for _, tid in ipairs(gone) do
-    local amt = redis.call('HGET', R, tid)
-    if amt then
-      redis.call('HDEL', R, tid)
-      back = back + num(amt)
-    end
-  end
+  local back = expireLeases(S, R)
   if back > 0 then madd('resv', -back) end
 end
 local cleaned = {}
