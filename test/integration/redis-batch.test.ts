@@ -163,6 +163,29 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     assert.deepEqual([snap.balanceMicro, snap.spentTodayMicro, snap.inFlight], [970, 70, 0]);
   });
 
+  test('a reservation is given back once: a settlement after its lease ran out (and an admission expired it) takes nothing back again', async () => {
+    const client = createClient({ url: server.url });
+    await client.connect();
+    try {
+      const p = `once${randomBytes(3).toString('hex')}{a}`;
+      const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
+      const admit = (id: string, lease: string) => client.eval(BATCH, { keys, arguments: ['0', lease, 'a', id, '-1,-1,-1,-1,-1,5', '00'] });
+      assert.deepEqual(await admit('t1', '1'), ['ok']); // a lease of 1 ms: t1's instance "died"
+      const redisMs = async () => { const [s, us] = (await client.sendCommand(['TIME'])) as [string, string]; return Number(s) * 1000 + Math.floor(Number(us) / 1000); };
+      const until = (await redisMs()) + 3;
+      while ((await redisMs()) < until) { /* Redis's own clock moves past t1's lease */ }
+      assert.deepEqual(await admit('t2', '30000'), ['ok']); // expires t1's lease: its 5 go back
+      assert.equal(await client.hGet(`${p}:m`, 'resv'), '5', 't2 alone holds a reservation');
+      assert.deepEqual(await client.eval(BATCH, { keys, arguments: ['0', '30000', 's', 't1', '4', '0', 'r', 't1'] }), [0, 1]);
+      assert.equal(await client.hGet(`${p}:m`, 'resv'), '5', 't1\'s reservation was not given back a second time');
+      assert.equal(await client.hGet(`${p}:m`, 'spent'), '4', 'the late settlement is still charged');
+      assert.deepEqual(await client.eval(BATCH, { keys, arguments: ['0', '30000', 'r', 't2'] }), [1]);
+      assert.equal(await client.hGet(`${p}:m`, 'resv'), '0', 'an unsettled release gives its reservation back');
+    } finally {
+      await client.quit();
+    }
+  });
+
   test('a hostile amount fails its own call at the door and leaves the batch alone', async () => {
     const a = fresh({ rpm: 2 });
     const good = lim.admit(a, noKey, null, 5);
