@@ -30,8 +30,10 @@ export class TranslatedCall extends WrappedExchange {
   override get text(): string { return this.translatedText; }
 
   override head(status: number, contentType: string, extra: string[] = []): void {
-    // A whole answer is sent at `end`, once translated (its length changes).
-    if (this.transduce === null) this.held = { status, extra };
+    // A whole answer is sent at `end`, once translated (its length changes): also when a
+    // stream was asked for and the provider answered whole (a compatible server that ignores
+    // `stream`), which the client then gets whole too, as it would from that provider.
+    if (this.transduce === null || !contentType.startsWith('text/event-stream')) this.held = { status, extra };
     else this.inner.head(status, contentType, [...extra, ...this.dropped]);
   }
 
@@ -42,7 +44,7 @@ export class TranslatedCall extends WrappedExchange {
   }
 
   override end(chunk?: string | Buffer): void {
-    if (this.transduce !== null) {
+    if (this.transduce !== null && this.held === null) {
       const last = this.events(`${chunk === undefined ? '' : chunk.toString()}`, true);
       if (last !== null) this.inner.end(last);
       return;

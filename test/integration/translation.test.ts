@@ -234,6 +234,25 @@ describe('translation through the official SDKs', () => {
     await until(() => gw.gateway.inFlight === 0, 2000, 'the slot released');
   });
 
+  test('a stream asked for, a whole JSON answer given (a compatible server ignoring stream): the client gets it translated, whole, with its own length; charged once', async () => {
+    up.queue.push((_req, res) => json(res, 200, {
+      id: 'msg_plain', type: 'message', role: 'assistant', model: 'claude-upstream', stop_reason: 'end_turn', stop_sequence: null,
+      content: [{ type: 'text', text: 'Not streamed, after all.' }], usage: { input_tokens: 30, output_tokens: 7 },
+    }));
+    const before = entriesOf(gw, 'acct_t').length;
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-translate', { model: 'claude-t', stream: true, max_tokens: 10, messages: [{ role: 'user', content: 'x' }] });
+    assert.equal(res.status, 200);
+    assert.match(res.headers.get('content-type') ?? '', /^application\/json/);
+    const text = await res.text();
+    assert.equal(res.headers.get('content-length'), String(Buffer.byteLength(text)), 'the length is the translated answer\'s');
+    const body = JSON.parse(text) as { object: string; choices: Array<{ message: { content: string } }> };
+    assert.equal(body.object, 'chat.completion');
+    assert.equal(body.choices[0]!.message.content, 'Not streamed, after all.');
+    await until(() => entriesOf(gw, 'acct_t').length === before + 1, 2000, 'charged once');
+    assert.equal(lastCharge().amountMicro, -(30 + 14));
+    await until(() => gw.gateway.inFlight === 0, 2000, 'the slot released');
+  });
+
   test('what the target cannot express is 400 naming the field, before anything reaches the provider or is charged', async () => {
     const hits = up.hits;
     const entries = entriesOf(gw, 'acct_t').length;
