@@ -97,6 +97,24 @@ describe('a fleet on one PostgreSQL ledger', { skip: noPostgres }, () => {
       assert.equal((await admin(url, 'GET', '/admin/v1/accounts/acct_new')).status, 200);
     }
   });
+
+  test('a listener whose connection is cut reconnects and reads the whole state again: a change made while it was away is not lost', async () => {
+    const [one, two] = instances;
+    const listeners = () => Number(sql(`SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN "${schema}_admin"'`).trim());
+    assert.equal(listeners(), 2, 'one listening connection per instance');
+    sql(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'LISTEN "${schema}_admin"'`);
+    await until(() => listeners() === 0, 2000, 'the listeners are gone (they come back after a second)');
+    // Made while no instance listens: its NOTIFY reaches nobody.
+    const created = await admin(one!.url, 'POST', '/admin/v1/keys', { account: 'acct_bob', id: 'key_while_away' });
+    assert.equal(created.status, 201);
+    const { key } = await created.json() as { key: string };
+    await until(async () => (await get(`${two!.url}/v1/models`, key)).status === 200, 5000, 'instance two read the state again after reconnecting');
+    await until(() => listeners() === 2, 5000, 'both listen again');
+    // And a change after that is announced as before.
+    const later = await admin(two!.url, 'POST', '/admin/v1/keys', { account: 'acct_bob', id: 'key_after' });
+    const { key: laterKey } = await later.json() as { key: string };
+    await until(async () => (await get(`${one!.url}/v1/models`, laterKey)).status === 200, 1000, 'a later change reaches instance one within 1 s');
+  });
 });
 
 describe('Redis and PostgreSQL: money Redis lost is rebuilt from the ledger', { skip: noPostgres || (hasRedis ? false : 'redis-server is not installed') }, () => {
