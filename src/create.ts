@@ -103,7 +103,9 @@ async function openAdminStore(config: GatewayConfig, ledger: Ledger, logger: Log
   const { Client } = loadPg();
   return PostgresAdminStore.open({
     pool: (ledger as PostgresLedger).pool, schema: where.schema, logger,
-    listener: () => new Client({ connectionString: where.url }),
+    // TCP keepalive: a connection that went half-open gives no error of its own; and a
+    // reconnect that hangs is given up (then tried again).
+    listener: () => new Client({ connectionString: where.url, keepAlive: true, connectionTimeoutMillis: 5000 }),
   });
 }
 

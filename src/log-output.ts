@@ -25,6 +25,8 @@ export class LogOutput {
   /** The other buffer: written out now, or idle. */
   private spare: Buffer;
   private writing = false;
+  /** A flush gave up waiting on the write now under way: later flushes do not wait for it again. */
+  private stuck = false;
   private scheduled = false;
   private waiting: (() => void)[] = [];
 
@@ -88,10 +90,13 @@ export class LogOutput {
   /** Resolves once everything buffered so far has been written (or lost), or after `timeoutMs`. */
   flush(timeoutMs = 5000): Promise<void> {
     this.send();
-    if (!this.writing && this.used === 0) return Promise.resolve();
+    if ((!this.writing && this.used === 0) || this.stuck) return Promise.resolve();
     return new Promise((resolve) => {
-      const timer = setTimeout(resolve, timeoutMs);
-      timer.unref();
+      // Not unref'd: a drain waits for it (at most timeoutMs), even with nothing else to do.
+      const timer = setTimeout(() => {
+        this.stuck = this.writing;
+        resolve();
+      }, timeoutMs);
       this.waiting.push(() => {
         clearTimeout(timer);
         resolve();
@@ -100,15 +105,21 @@ export class LogOutput {
   }
 
   /**
-   * Writes what is buffered now, synchronously: for the moment before the process exits. A
-   * batch already being written by the thread pool is left to finish; a descriptor that stays
-   * full is given up on after a short while, its lines counted as dropped.
+   * Writes what is buffered now, synchronously: for the moment before the process exits. Not
+   * while a batch is still being written by the thread pool: that write is stuck on a reader
+   * that stopped (stdout blocks), and a second one would block the exit too, or interleave
+   * with it; those lines are counted as dropped. A non-blocking descriptor that stays full is
+   * given up on after a short while, the same way.
    */
   flushSync(): void {
     if (this.used === 0) return;
     const text = this.filling.subarray(0, this.used);
     this.used = 0;
     if (typeof this.target === 'function') return this.target(text.toString('utf8'));
+    if (this.writing) {
+      this.dropped += countLines(text, 0);
+      return;
+    }
     let off = 0;
     const giveUp = Date.now() + 200;
     while (off < text.length) {
@@ -156,6 +167,7 @@ export class LogOutput {
         return this.writeFrom(fd, buffer, off + written, end);
       }
       this.writing = false;
+      this.stuck = false;
       this.send();
     });
   }

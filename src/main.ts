@@ -76,8 +76,11 @@ function youngGenerationMayGrow(grow: boolean): void {
 }
 
 async function start(options: StartOptions): Promise<void> {
-  // Log lines go to file descriptor 1 from the thread pool (src/log-output.ts); process.stdout
-  // is left untouched, since creating it on a pipe would switch the pipe to non-blocking.
+  // Log lines go to file descriptor 1 from the thread pool (src/log-output.ts). process.stdout
+  // is created only for what it does to a pipe: it makes the pipe non-blocking, so a pool thread
+  // never blocks on a reader that stopped (it gets EAGAIN and tries again later), and a blocked
+  // thread cannot hold the process's exit. A closed stdout (EPIPE) must not crash the gateway.
+  process.stdout.on('error', () => {});
   const file = options.config ?? process.env.MODEL_GATEWAY_CONFIG;
   const demo = file === undefined || file === '';
   const adminKey = process.env.MODEL_GATEWAY_ADMIN_KEY;

@@ -167,10 +167,12 @@ export class PostgresLedger implements Ledger {
         this.logger?.error('ledger backlog full: an entry was not recorded', { entry: JSON.stringify(lost.entry) });
         lost.reject(new Error('ledger backlog full'));
       }
-      // While the database is away the entry waits for it, but its answer does not.
+      // While the database is away a call's entry waits for it (the provider billed the call),
+      // but its answer does not. A credit refused is not kept: the admin was told nothing was
+      // credited, and may well ask again.
       if (this.up) this.queue.push({ entry, resolve, reject });
       else {
-        this.queue.push({ entry, resolve: noop, reject: noop });
+        if (entry.type !== 'credit') this.queue.push({ entry, resolve: noop, reject: noop });
         reject(new GatewayError('ledger_unavailable', { retryAfterS: 1 }));
       }
       this.schedule();
@@ -259,7 +261,9 @@ export class PostgresLedger implements Ledger {
     this.up = false;
     const refusal = new GatewayError('ledger_unavailable', { retryAfterS: 1 });
     for (const p of batch) p.reject(refusal);
-    this.queue.unshift(...batch.map((p) => ({ entry: p.entry, resolve: noop, reject: noop })));
+    // Calls' entries wait for the database; refused credits do not (see append).
+    const kept = batch.filter((p) => p.entry.type !== 'credit');
+    this.queue.unshift(...kept.map((p) => ({ entry: p.entry, resolve: noop, reject: noop })));
     this.retryLater();
   }
 

@@ -21,7 +21,7 @@ export interface BatchOp {
 export type SendBatch = (accountKeys: readonly string[], ops: readonly BatchOp[]) => Promise<unknown>;
 
 /** Most ops in one script call: a larger turn is split, so one call never holds Redis long. */
-export const MAX_OPS_PER_CALL = 256;
+const MAX_OPS_PER_CALL = 256;
 
 interface Queue {
   readonly keys: readonly string[];
@@ -53,13 +53,6 @@ export class BatchQueue {
       this.scheduled = true;
       setImmediate(this.flushAll);
     }
-  }
-
-  /** Ops still waiting to be sent (for tests). */
-  get waiting(): number {
-    let n = 0;
-    for (const q of this.queues.values()) n += q.ops.length;
-    return n;
   }
 
   /**

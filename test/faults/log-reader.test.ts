@@ -94,3 +94,17 @@ test('a log reader that goes away (EPIPE): requests are still answered, the lost
     gw.child.kill('SIGKILL');
   }
 });
+
+test('SIGTERM while the log reader is stalled: the drain waits for the log a bounded while, then exits 0 (the lines it could not write are lost, not the exit)', { timeout: 30_000 }, async () => {
+  const gw = await spawnListening(process.execPath, [MAIN, '--config', config, '--port', '0']);
+  try {
+    gw.child.stdout!.pause();
+    await burst(gw.url, 4000); // the pipe and the buffer full: a write is stuck on the reader
+    const sent = Date.now();
+    gw.child.kill('SIGTERM');
+    assert.equal(await gw.exited, 0);
+    assert.ok(Date.now() - sent < 15_000, `exited ${Date.now() - sent} ms after SIGTERM`);
+  } finally {
+    gw.child.kill('SIGKILL');
+  }
+});

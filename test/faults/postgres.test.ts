@@ -7,7 +7,7 @@ import { createGateway, type EmbeddedGateway } from '../../src/create.js';
 import { Logger } from '../../src/log.js';
 import { rng } from '../helpers/fake-clock.js';
 import { FakeUpstream, json, openaiCompletion } from '../helpers/fake-upstream.js';
-import { chatBody, postJson, testConfig, until } from '../helpers/gateway.js';
+import { chatBody, chatReceivedWhole, postJson, testConfig, until } from '../helpers/gateway.js';
 import { dropSchema, freshSchema, noPostgres, noPrivateCluster, PG_URL, PostgresServer, sql } from '../helpers/postgres.js';
 import { spawnListening } from '../helpers/spawn.js';
 
@@ -24,9 +24,10 @@ describe('PostgreSQL away: 503 before going upstream, then back by itself', { sk
     provider.fallback = (_req, res) => json(res, 200, openaiCompletion('ok'));
     gw = await createGateway(testConfig({
       ledger: { store: 'postgres', url: pg.url },
+      accounts: { acct_alice: { plan: 'pro', balanceUsd: 10 }, acct_bob: { plan: 'free' } }, // alice prepaid: admin credits apply
       models: { 'paid-1': { provider: 'up', price: { inputPerMillion: 1, outputPerMillion: 2 } }, 'echo-1': { provider: 'up', price: 'free' } },
       providers: { up: { protocol: 'openai', baseUrl: `${base}/v1` } },
-    }), { logger: new Logger(() => {}) });
+    }), { logger: new Logger(() => {}), adminKey: 'admin-pg-outage' });
     url = await gw.listen(0, '127.0.0.1');
   });
   after(async () => {
@@ -56,6 +57,12 @@ describe('PostgreSQL away: 503 before going upstream, then back by itself', { sk
     const models = await fetch(`${url}/v1/models`, { headers: { authorization: 'Bearer sk-alice' } });
     assert.equal(models.status, 200);
     await models.arrayBuffer();
+    // An admin credit refused while it is away is not written later: the admin was told it failed.
+    const credit = await fetch(`${url}/admin/v1/accounts/acct_alice/credits`, {
+      method: 'POST', headers: { authorization: 'Bearer admin-pg-outage', 'content-type': 'application/json' }, body: JSON.stringify({ amountUsd: 7.77 }),
+    });
+    assert.equal(credit.status, 503);
+    await credit.arrayBuffer();
 
     await pg.start();
     await until(ready, 10_000, 'the ledger to come back by itself');
@@ -63,6 +70,7 @@ describe('PostgreSQL away: 503 before going upstream, then back by itself', { sk
     assert.equal(res.status, 200);
     await res.arrayBuffer();
     assert.equal(sql('SELECT count(*) FROM model_gateway.entries WHERE type = \'charge\'', pg.url), '2', 'both answered calls are recorded, once');
+    assert.equal(sql('SELECT count(*) FROM model_gateway.entries WHERE amount_micro = 7770000', pg.url), '0', 'the refused credit was not written once the database came back');
   });
 });
 
@@ -91,15 +99,8 @@ describe('kill -9 of one of two instances on one PostgreSQL ledger, under load',
         const worker = async (i: number) => {
           const url = i % 2 === 0 ? victim.url : survivor.url;
           while (!stop) {
-            try {
-              const stream = r() < 0.5;
-              const res = await postJson(`${url}/v1/chat/completions`, 'sk-bob', chatBody('paid-1', 'z'.repeat(40 + Math.floor(r() * 80)), { stream }));
-              const text = await res.text();
-              const whole = stream ? text.endsWith('data: [DONE]\n\n') : res.status === 200 && text.endsWith('}');
-              if (whole) completed.add(res.headers.get('x-request-id')!);
-            } catch {
-              // the instance died mid-request: that answer was not received whole
-            }
+            const id = await chatReceivedWhole(url, 'sk-bob', 'paid-1', r);
+            if (id !== null) completed.add(id);
           }
         };
         const workers = Array.from({ length: 8 }, (_, i) => worker(i));

@@ -120,3 +120,19 @@ export async function until(check: () => boolean | Promise<boolean>, ms = 5000, 
     await new Promise((r) => setTimeout(r, 10));
   }
 }
+
+/**
+ * One billable chat call (streamed or not, of a random length) for the kill -9 tests: its
+ * request id when the answer arrived whole, null when it did not (the instance died mid-call).
+ */
+export async function chatReceivedWhole(url: string, key: string, model: string, r: () => number): Promise<string | null> {
+  try {
+    const stream = r() < 0.5;
+    const res = await postJson(`${url}/v1/chat/completions`, key, chatBody(model, 'z'.repeat(40 + Math.floor(r() * 80)), { stream }));
+    const text = await res.text();
+    const whole = stream ? text.endsWith('data: [DONE]\n\n') : res.status === 200 && text.endsWith('}');
+    return whole ? res.headers.get('x-request-id') : null;
+  } catch {
+    return null;
+  }
+}

@@ -6,7 +6,7 @@ import { describe, test } from 'node:test';
 import { FileLedger } from '../../src/ledger/file.js';
 import { Logger } from '../../src/log.js';
 import { rng } from '../helpers/fake-clock.js';
-import { chatBody, postJson, startGateway, testConfig } from '../helpers/gateway.js';
+import { chatBody, chatReceivedWhole, postJson, startGateway, testConfig } from '../helpers/gateway.js';
 import { spawnListening } from '../helpers/spawn.js';
 
 const MAIN = join(__dirname, '..', '..', 'dist', 'main.js');
@@ -124,15 +124,8 @@ describe('crash safety', () => {
       let stop = false;
       const worker = async () => {
         while (!stop) {
-          try {
-            const stream = r() < 0.5;
-            const res = await postJson(`${url}/v1/chat/completions`, 'sk-bob', chatBody('paid-1', 'z'.repeat(40 + Math.floor(r() * 80)), { stream }));
-            const text = await res.text();
-            const whole = stream ? text.endsWith('data: [DONE]\n\n') : res.status === 200 && text.endsWith('}');
-            if (whole) completed.add(res.headers.get('x-request-id')!);
-          } catch {
-            // the gateway died mid-request: that answer was not received whole
-          }
+          const id = await chatReceivedWhole(url, 'sk-bob', 'paid-1', r);
+          if (id !== null) completed.add(id);
         }
       };
       const workers = Array.from({ length: 8 }, worker);

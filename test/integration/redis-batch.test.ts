@@ -54,6 +54,16 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     assert.equal(reason(next), 'rate_limit_exceeded', 'the batch recorded its 20 admissions');
   });
 
+  test('a turn with more than 256 ops of one account: split into calls of 256, still in order, still exact', async () => {
+    const a = fresh({ rpm: 300 });
+    await lim.snapshot(a);
+    cli('config', 'resetstat');
+    const decisions = await Promise.all(Array.from({ length: 600 }, () => lim.admitInstant(a, noKey, null)));
+    assert.equal(evalshas(), 3, '256 + 256 + 88');
+    assert.equal(decisions.filter((d) => d.ok).length, 300);
+    assert.equal(decisions.slice(0, 300).every((d) => d.ok), true, 'the first 300 made, in order across the calls');
+  });
+
   test('two accounts in one turn: one call each, each counted on its own', async () => {
     const a = fresh({ rpm: 3 });
     const b = fresh({ rpm: 5, concurrency: 2 });

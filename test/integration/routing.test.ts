@@ -213,7 +213,7 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
     assert.deepEqual(await gw.gateway.reload(reloaded(providers)), []);
   });
 
-  test('maxAttempts: every deployment failing ends with the last failure as section 6 maps it', async () => {
+  test('every deployment failing (one attempt each; maxAttempts itself is bounded in test/unit/routing.test.ts) ends with the last failure as section 6 maps it', async () => {
     for (const up of [a, b, c]) up.fallback = status(503);
     const res = await call('routed');
     assert.equal(res.status, 503);

@@ -180,7 +180,9 @@ describe('RoutedCall (fake clock, fake providers)', () => {
     for (const p of r.tried) assert.ok(r.cooldowns.until(`m/${p}`) > r.clock.now(), `${p} cooling`);
     assert.equal(r.cooldowns.until('m/d'), 0);
     const text = r.metrics.render();
-    assert.match(text, /mg_failovers_total\{provider="a"\} 1|mg_failovers_total\{provider="b"\} 1/);
+    assert.match(text, /^mg_failovers_total\{provider="a"\} 1$/m, 'each primary failed over once');
+    assert.match(text, /^mg_failovers_total\{provider="b"\} 1$/m);
+    assert.doesNotMatch(text, /mg_failovers_total\{provider="c"\}/, 'the last attempt has nowhere to fail over to');
     assert.match(text, /mg_cooldowns_total\{provider="c"\} 1/);
   });
 
