@@ -177,8 +177,11 @@ return 1
  *        -1 for "none"; flags: 2 characters, prepaid and instant (an admission that holds
  *        nothing, /v1/models), each '0' or '1'. 'ak' when the key has limits (KEYS kwt kwn ks
  *        follow), 'ai' with an Idempotency-Key (KEYS i), 'aki' with both.
- *   's' id cost prepaid   settle: the reservation becomes the charge; slot and key stay held
- *   'r' id                release: slot, idempotency key, and a reservation never settled;
+ *   's' id cost prepaid reserved   settle: the reservation becomes the charge; slot and key
+ *        stay held. `reserved`: what the admission reserved (the gateway sends it back, so the
+ *        script need not look it up).
+ *   'r' id reserved       release: slot, idempotency key, and a reservation never settled
+ *        (`reserved` 0 when its settlement answered: nothing left to give back);
  *        'rk' (KEYS ks), 'ri' (KEYS i), 'rki' (KEYS ks i) as for an admission
  * Returns one reply per op, short in the common case (every reply is built by Redis and parsed by
  * the gateway): admit 'ok' or {reason, wait, resetsAt} (reason 'restore' too), settle the
@@ -363,17 +366,22 @@ local function admit(kwt, kwn, ks, ik, haskey, hasidem, id, a_limits, a_flags)
   return 'ok'
 end
 
-local function settle(id, a_cost, a_prepaid)
-  local cost, prepaid = int(a_cost, 0, SAFE), flag(a_prepaid)
+-- A reservation given back by its settlement or its release. The op carries what the admission
+-- reserved (0 when nothing is left to give: none was made, or the settlement gave it already),
+-- so no lookup is needed: one HDEL, whose answer says whether it was still there (a lease that
+-- ran out gave it back already).
+local function giveBack(id, est)
+  if est > 0 and redis.call('HDEL', R, id) == 1 then madd('resv', -est) end
+end
+
+local function settle(id, a_cost, a_prepaid, a_est)
+  local cost, prepaid, est = int(a_cost, 0, SAFE), flag(a_prepaid), int(a_est, 0, SAFE)
   if type(id) ~= 'string' or id == '' then return bad('id') end
   if cost == nil then return bad('cost') end
   if prepaid == nil then return bad('flag') end
+  if est == nil then return bad('est') end
   if cost > 0 and nosrc() then return {'restore'} end
-  local amt = redis.call('HGET', R, id)
-  if amt then
-    redis.call('HDEL', R, id)
-    madd('resv', -num(amt))
-  end
+  giveBack(id, est)
   if cost > 0 then
     if mget('day') ~= day then
       mset('day', day)
@@ -385,16 +393,14 @@ local function settle(id, a_cost, a_prepaid)
   return mget('bal')
 end
 
-local function release(ks, ik, haskey, hasidem, id)
+local function release(ks, ik, haskey, hasidem, id, a_est)
+  local est = int(a_est, 0, SAFE)
   if type(id) ~= 'string' or id == '' then return bad('id') end
+  if est == nil then return bad('est') end
   zrem(S, id)
   if haskey then zrem(ks, id) end
   if hasidem and redis.call('GET', ik) == id then redis.call('DEL', ik) end
-  local amt = redis.call('HGET', R, id)
-  if amt then
-    redis.call('HDEL', R, id)
-    madd('resv', -num(amt))
-  end
+  giveBack(id, est)
   return 1
 end
 
@@ -409,8 +415,8 @@ while a <= #ARGV do
   local has = HAS[kind]
   local ok, res
   if kind == 's' then
-    ok, res = pcall(settle, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
-    a = a + 4
+    ok, res = pcall(settle, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+    a = a + 5
   elseif has ~= nil and string.byte(kind, 1) == 97 then -- a
     local haskey, hasidem = has[1], has[2]
     local kwt, kwn, ks, ik
@@ -423,8 +429,8 @@ while a <= #ARGV do
     local ks, ik
     if haskey then ks, k = KEYS[k], k + 1 end
     if hasidem then ik, k = KEYS[k], k + 1 end
-    ok, res = pcall(release, ks, ik, haskey, hasidem, ARGV[a + 1])
-    a = a + 2
+    ok, res = pcall(release, ks, ik, haskey, hasidem, ARGV[a + 1], ARGV[a + 2])
+    a = a + 3
   else
     -- The framing itself is wrong: nothing more can be read (the ops before it stand).
     ok, res = false, 'ERR model-gateway: invalid argument op'

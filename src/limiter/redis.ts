@@ -36,6 +36,8 @@ class RedisTicket implements Ticket {
   readonly ok = true as const;
   settled = false;
   released = false;
+  /** Its settlement was applied, and gave the reservation back: the release need not look for it. */
+  givenBack = false;
   constructor(
     readonly id: string,
     readonly accountId: string,
@@ -173,9 +175,12 @@ export class RedisLimiter implements Limiter {
     const t = ticket as RedisTicket;
     if (t.settled || t.released) return Promise.resolve(NOTHING_SETTLED);
     t.settled = true;
-    const args = ['s', t.id, String(costMicro), t.prepaid ? '1' : '0'];
+    const args = ['s', t.id, String(costMicro), t.prepaid ? '1' : '0', String(t.reservedMicro)];
     return this.withMoney(t.accountId, () => this.queue(t.accountId, NO_KEYS, args))
-      .then((balance) => ({ balanceAfterMicro: t.prepaid ? Number(balance) : null }));
+      .then((balance) => {
+        t.givenBack = true;
+        return { balanceAfterMicro: t.prepaid ? Number(balance) : null };
+      });
   }
 
   /**
@@ -193,7 +198,10 @@ export class RedisLimiter implements Limiter {
     const keys = t.keyId !== null ? [`${a}:ks:${t.keyId}`] : [];
     if (t.idempotencyKey !== null) keys.push(`${a}:i:${t.idempotencyKey}`);
     const kind = t.keyId !== null ? (t.idempotencyKey !== null ? 'rki' : 'rk') : t.idempotencyKey !== null ? 'ri' : 'r';
-    this.batch.push(t.accountId, () => this.accountKeys(a), { keys, args: [kind, t.id], resolve: ignore, reject: ignore });
+    // A settlement that answered gave the reservation back: 0 spares the script a lookup. One
+    // still out, or lost, may have given it too: the script then finds nothing to give.
+    const reserved = t.givenBack ? '0' : String(t.reservedMicro);
+    this.batch.push(t.accountId, () => this.accountKeys(a), { keys, args: [kind, t.id, reserved], resolve: ignore, reject: ignore });
   }
 
   restore(): void {

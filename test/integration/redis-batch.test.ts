@@ -130,13 +130,15 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
       assert.deepEqual(await client.keys(`${p}*`), []);
       const reply = await client.eval(BATCH, {
         keys: [...keys, idem, idem, idem, idem],
-        arguments: ['0', '30000', ...admit('t1', '10'), ...admit('t2', '1e9999'), ...admit('t3', '10'), 's', 't1', '-4', '0', 's', 't1', '4', '0', 'ri', 't1'],
+        arguments: ['0', '30000', ...admit('t1', '10'), ...admit('t2', '1e9999'), ...admit('t3', '10'),
+          's', 't1', '-4', '0', '5', 's', 't1', '4', '0', '-5', 's', 't1', '4', '0', '5', 'ri', 't1', '0'],
       });
       assert.deepEqual(reply, [
         'ok',
         ['error', 'ERR model-gateway: invalid argument limits'],
         ['idempotency_conflict', 0, 0], // t1 holds the key: t2 took nothing, t3 ran after t1
         ['error', 'ERR model-gateway: invalid argument cost'],
+        ['error', 'ERR model-gateway: invalid argument est'],
         0,
         1,
       ]);
@@ -186,14 +188,33 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
       while ((await redisMs()) < until) { /* Redis's own clock moves past t1's lease */ }
       assert.deepEqual(await admit('t2', '30000'), ['ok']); // expires t1's lease: its 5 go back
       assert.equal(await client.hGet(`${p}:m`, 'resv'), '5', 't2 alone holds a reservation');
-      assert.deepEqual(await client.eval(BATCH, { keys, arguments: ['0', '30000', 's', 't1', '4', '0', 'r', 't1'] }), [0, 1]);
+      // Both carry t1's 5, as when the settlement's answer was lost and the release cannot know it was applied.
+      assert.deepEqual(await client.eval(BATCH, { keys, arguments: ['0', '30000', 's', 't1', '4', '0', '5', 'r', 't1', '5'] }), [0, 1]);
       assert.equal(await client.hGet(`${p}:m`, 'resv'), '5', 't1\'s reservation was not given back a second time');
       assert.equal(await client.hGet(`${p}:m`, 'spent'), '4', 'the late settlement is still charged');
-      assert.deepEqual(await client.eval(BATCH, { keys, arguments: ['0', '30000', 'r', 't2'] }), [1]);
+      assert.deepEqual(await client.eval(BATCH, { keys, arguments: ['0', '30000', 'r', 't2', '5'] }), [1]);
       assert.equal(await client.hGet(`${p}:m`, 'resv'), '0', 'an unsettled release gives its reservation back');
     } finally {
       await client.quit();
     }
+  });
+
+  test('a reservation goes back with one HDEL: the settlement carries it, and a release after a settlement that answered looks for nothing; a release whose settlement is still out gives it back itself, once', async () => {
+    const calls = (command: string) => Number(new RegExp(`cmdstat_${command}:calls=(\\d+)`).exec(cli('info', 'commandstats'))?.[1] ?? 0);
+    const a = fresh({ prepaid: true, dailyCapMicro: 1_000_000, concurrency: 10 });
+    await lim.credit(a.id, 1000, `c_${randomBytes(3).toString('hex')}`);
+    const [t1, t2] = (await Promise.all([lim.admit(a, noKey, null, 100), lim.admit(a, noKey, null, 70)])) as Ticket[];
+    cli('config', 'resetstat');
+    assert.equal((await lim.settle(t1!, 30)).balanceAfterMicro, 970);
+    lim.release(t1!);
+    // t2: the release in the same turn as the settlement, before its answer (a client gone).
+    const settling = lim.settle(t2!, 20);
+    lim.release(t2!);
+    assert.equal((await settling).balanceAfterMicro, 950);
+    const snap = await lim.snapshot(a);
+    assert.deepEqual([snap.balanceMicro, snap.spentTodayMicro, snap.reservedMicro, snap.inFlight], [950, 50, 0, 0]);
+    assert.equal(calls('hget'), 0, 'no reservation looked up');
+    assert.equal(calls('hdel'), 3, 't1 settled (1), t1 released after the answer (0), t2 settled and released before it (2, the second finding nothing)');
   });
 
   test('a hostile amount fails its own call at the door and leaves the batch alone', async () => {
