@@ -2,17 +2,19 @@
  * The Redis limiter against the memory limiter, in one run: `GET /v1/models` and a billable chat
  * call, and Redis memory per active account (issue "Scale out on Redis", item 7).
  *
- *   npm run build && node --import tsx bench/redis.ts [--rounds 5] [--duration 5] [--connections 32] [--warmup 3]
- *     [--accounts 1000] [--rpms 60,600] [--phases models,chat,memory]
+ *   npm run build && node --import tsx bench/redis.ts [--rounds 10] [--duration 1] [--processes 3] [--connections 32]
+ *     [--warmup 2] [--accounts 1000] [--rpms 60,600] [--phases models,chat,memory]
  *
- * Starts its own `redis-server` on a free port of 127.0.0.1 (no persistence), and two gateways
- * (dist/main.js) with the same config except `limiter`: `{"store":"memory"}` and
+ * Starts its own `redis-server` on a free port of 127.0.0.1 (no persistence), and gateways
+ * (dist/main.js, `--processes` of each kind, as bench/run.ts does and for the same reason:
+ * processes of one build differ by up to 16 % on this VM) with the same config except `limiter`: `{"store":"memory"}` and
  * `{"store":"redis","url":...,"timeoutMs":1000}`; memory ledger, mock provider; a plan with rpm
  * 2,000,000 (a real window, never reached) and concurrency 100,000 for each of two accounts:
  * one for `/v1/models`, one prepaid (balance and daily cap of $1,000,000, never reached) for chat.
  *
- *   1. models: `GET /v1/models` against each gateway, closed loop, alternating (the order
- *      rotates each round): req/s, p50, p99, gateway CPU per request, Redis CPU per request;
+ *   1. models: `GET /v1/models` against each gateway process, closed loop, alternating (the order
+ *      rotates each round; a limiter's figure in a round is the mean over its processes): req/s,
+ *      p50, p99, gateway CPU per request, Redis CPU per request;
  *      redis/memory throughput target >= 0.40
  *   2. chat: `POST /v1/chat/completions`, non-streamed, a small body, to a priced mock model:
  *      every call is admitted with a reservation and settled (ledger and limiter), in the
@@ -34,7 +36,7 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type { RedisLimiter as RedisLimiterType } from '../dist/limiter/redis.js';
 import {
-  choices, fmtInt, fmtMs, fmtRatio, fmtUs, int, ints, metText, num, parseFlags, pct, round3, runMain, runRounds, statusText, type FlagValues,
+  choices, fmtInt, fmtMs, fmtRatio, fmtUs, int, ints, median, metText, num, parseFlags, pct, round3, runMain, runRounds, statusText, type FlagValues,
 } from './cli.js';
 import { checkChat, checkModels, type CheckResult } from './load.js';
 import {
@@ -58,10 +60,11 @@ const TARGET_CHAT = 0.7;
 const CHAT_USD = 1_000_000;
 
 const FLAGS = {
-  rounds: int({ default: 5, help: 'rounds per target and throughput phase' }),
-  durationS: num({ name: 'duration', default: 5, help: 'seconds per timed run' }),
+  rounds: int({ default: 10, help: 'rounds per throughput phase (each runs every process once)' }),
+  durationS: num({ name: 'duration', default: 1, help: 'seconds per timed run' }),
+  processes: int({ default: 3, min: 1, max: 8, help: 'gateway processes per limiter' }),
   connections: int({ default: 32, help: 'keep-alive connections' }),
-  warmupS: num({ name: 'warmup', default: 3, help: 'seconds of warmup per target and phase' }),
+  warmupS: num({ name: 'warmup', default: 2, help: 'seconds of warmup per process and phase' }),
   accounts: int({ default: 1000, help: 'memory phase: active accounts' }),
   rpms: ints({ default: [60, 600], help: 'memory phase: the rpm limits measured' }),
   phases: choices({ choices: ['models', 'chat', 'memory'], default: ['models', 'chat', 'memory'], help: 'the phases to run' }),
@@ -214,43 +217,59 @@ interface PhaseResult {
   failures: number;
 }
 
-const HEADER = `  ${'round'.padEnd(6)}${'target'.padEnd(8)}${'req/s'.padStart(9)}${'p50 ms'.padStart(8)}${'p99 ms'.padStart(8)}${'p99.9 ms'.padStart(10)}${'gw us/req'.padStart(11)}${'redis us/req'.padStart(14)}  statuses`;
+const HEADER = `  ${'round'.padEnd(6)}${'target'.padEnd(10)}${'req/s'.padStart(9)}${'p50 ms'.padStart(8)}${'p99 ms'.padStart(8)}${'p99.9 ms'.padStart(10)}${'gw us/req'.padStart(11)}${'redis us/req'.padStart(14)}  statuses`;
 const q = (r: RunResult, quantile: number) => r.total.quantileUs(quantile);
 
-async function throughput(p: Phase, servers: Record<Limiter, Child>, redisPid: number, flags: FlagValues<typeof FLAGS>): Promise<PhaseResult> {
-  const expectBytes = {} as Record<Limiter, number>;
-  for (const t of LIMITERS) {
-    const c = await p.check(servers[t].port);
-    if (!c.ok) throw new Error(`${t}: ${p.name} correctness check failed: ${c.problems.join('; ')}`);
-    expectBytes[t] = c.bodyBytes;
+async function throughput(p: Phase, servers: Record<Limiter, Child[]>, redisPid: number, flags: FlagValues<typeof FLAGS>): Promise<PhaseResult> {
+  const all = LIMITERS.flatMap((t) => servers[t]);
+  const byName = new Map(all.map((s) => [s.name, s]));
+  const expectBytes = new Map<string, number>();
+  for (const s of all) {
+    const c = await p.check(s.port);
+    if (!c.ok) throw new Error(`${s.name}: ${p.name} correctness check failed: ${c.problems.join('; ')}`);
+    expectBytes.set(s.name, c.bodyBytes);
   }
-  const drive = (t: Limiter, durationS: number) => closedLoop({
-    port: servers[t].port, requests: [p.request(servers[t].port)], durationS, connections: flags.connections,
-    expectBytes: expectBytes[t], watch: { gateway: servers[t].pid, redis: redisPid },
-  });
-  process.stdout.write(`${p.title}, memory vs redis limiter: ${flags.connections} connections, ${flags.rounds} rounds x ${flags.durationS} s per target\n${HEADER}\n`);
+  const drive = (name: string, durationS: number) => {
+    const s = byName.get(name)!;
+    return closedLoop({
+      port: s.port, requests: [p.request(s.port)], durationS, connections: flags.connections,
+      expectBytes: expectBytes.get(name)!, watch: { gateway: s.pid, redis: redisPid },
+    });
+  };
+  process.stdout.write(`${p.title}, memory vs redis limiter: ${flags.connections} connections, ${flags.rounds} rounds x ${flags.durationS} s per process, ` +
+    `${flags.processes} process(es) per limiter\n${HEADER}\n`);
   let failures = 0;
   const steal0 = machineCpu();
   const rounds = await runRounds({
-    targets: LIMITERS, rounds: flags.rounds,
-    warmup: (t) => drive(t, flags.warmupS),
-    run: (t) => drive(t, flags.durationS),
-    onRun: (t, round, r) => {
+    targets: all.map((s) => s.name), rounds: flags.rounds,
+    warmup: (name) => drive(name, flags.warmupS),
+    run: (name) => drive(name, flags.durationS),
+    onRun: (name, round, r) => {
       if (non200(r) > 0 || r.requests === 0) failures++;
-      const redisUs = t === 'redis' ? fmtUs(perReq(r, 'redis')) : '-';
-      process.stdout.write(`  ${String(round + 1).padEnd(6)}${t.padEnd(8)}${fmtInt(r.rps).padStart(9)}${fmtMs(q(r, 0.5), 2).padStart(8)}${fmtMs(q(r, 0.99), 2).padStart(8)}` +
+      const redisUs = name.startsWith('redis') ? fmtUs(perReq(r, 'redis')) : '-';
+      process.stdout.write(`  ${String(round + 1).padEnd(6)}${name.padEnd(10)}${fmtInt(r.rps).padStart(9)}${fmtMs(q(r, 0.5), 2).padStart(8)}${fmtMs(q(r, 0.99), 2).padStart(8)}` +
         `${fmtMs(q(r, 0.999), 2).padStart(10)}${fmtUs(perReq(r, 'gateway')).padStart(11)}${redisUs.padStart(14)}  ${statusText(r)}\n`);
     },
   });
   const steal = stealShare(steal0, machineCpu());
-  const side = (t: Limiter): Side => ({
-    rps: rounds.median(t, (r) => r.rps), p50Us: rounds.median(t, (r) => q(r, 0.5)), p99Us: rounds.median(t, (r) => q(r, 0.99)),
-    p999Us: rounds.median(t, (r) => q(r, 0.999)), cpuUsPerReq: rounds.median(t, (r) => perReq(r, 'gateway') ?? NaN),
-  });
+  // A limiter's round: the mean over its processes (percentiles: the median of theirs).
+  const ofRound = (t: Limiter, round: number) => {
+    const runs = servers[t].map((s) => rounds.results[s.name]![round]!);
+    const mean = (pick: (r: RunResult) => number) => runs.reduce((sum, r) => sum + pick(r), 0) / runs.length;
+    return {
+      rps: mean((r) => r.rps), p50Us: median(runs.map((r) => q(r, 0.5))), p99Us: median(runs.map((r) => q(r, 0.99))),
+      p999Us: median(runs.map((r) => q(r, 0.999))), cpuUsPerReq: mean((r) => perReq(r, 'gateway') ?? NaN), redisUs: mean((r) => perReq(r, 'redis') ?? NaN),
+    };
+  };
+  const perRound = Object.fromEntries(LIMITERS.map((t) => [t, Array.from({ length: rounds.count }, (_, i) => ofRound(t, i))])) as Record<Limiter, ReturnType<typeof ofRound>[]>;
+  const side = (t: Limiter): Side => {
+    const med = (pick: (f: ReturnType<typeof ofRound>) => number) => median(perRound[t].map(pick));
+    return { rps: med((f) => f.rps), p50Us: med((f) => f.p50Us), p99Us: med((f) => f.p99Us), p999Us: med((f) => f.p999Us), cpuUsPerReq: med((f) => f.cpuUsPerReq) };
+  };
   const [m, r] = [side('memory'), side('redis')];
   const result: PhaseResult = {
-    memory: m, redis: r, ratio: r.rps / m.rps, paired: rounds.paired('redis', 'memory', (x) => x.rps),
-    redisCpuUsPerReq: rounds.median('redis', (x) => perReq(x, 'redis') ?? NaN), steal, failures,
+    memory: m, redis: r, ratio: r.rps / m.rps, paired: median(perRound.redis.map((f, i) => f.rps / perRound.memory[i]!.rps)),
+    redisCpuUsPerReq: median(perRound.redis.map((f) => f.redisUs)), steal, failures,
   };
   for (const t of LIMITERS) {
     const s = result[t];
@@ -353,10 +372,16 @@ async function main(): Promise<number> {
       const files = { memory: join(dir, 'memory.json'), redis: join(dir, 'redis.json') };
       writeFileSync(files.memory, JSON.stringify(config({ store: 'memory' })));
       writeFileSync(files.redis, JSON.stringify(config({ store: 'redis', url: `redis://127.0.0.1:${redis.port}`, timeoutMs: 1000 })));
-      for (const t of LIMITERS) servers.push(await startChild(t, process.execPath, ['dist/main.js', '--config', files[t], '--port', '0'], dir, { cwd: ROOT }));
-      const byName = { memory: servers[0]!, redis: servers[1]! };
+      const byLimiter: Record<Limiter, Child[]> = { memory: [], redis: [] };
+      for (let i = 1; i <= flags.processes; i++) {
+        for (const t of LIMITERS) {
+          const child = await startChild(`${t}#${i}`, process.execPath, ['dist/main.js', '--config', files[t], '--port', '0'], dir, { cwd: ROOT });
+          servers.push(child);
+          byLimiter[t].push(child);
+        }
+      }
       for (const p of phases) {
-        const r = await throughput(p, byName, redis.child.pid!, flags);
+        const r = await throughput(p, byLimiter, redis.child.pid!, flags);
         results[p.name] = r;
         failures += r.failures;
         others.endPhase(p.name);
