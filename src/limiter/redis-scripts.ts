@@ -219,22 +219,45 @@ end
 
 -- Sorted-set sizes, counted once and then kept up to date.
 local cards = {}
+-- Leases taken by this call's admissions, written at the end in one ZADD per set (a
+-- redis.call costs more than the command it runs): a lease's id is new, so it is always one
+-- more member; card() counts them before they are written, and a release later in the same
+-- call takes its lease back before it is.
+local leases, leaseSets = {}, {}
+local function zadd(k, score, id)
+  local l = leases[k]
+  if l == nil then
+    l = { ids = {}, scores = {}, at = {}, n = 0 }
+    leases[k] = l
+    leaseSets[#leaseSets + 1] = k
+  end
+  local i = #l.ids + 1
+  l.ids[i], l.scores[i], l.at[id] = id, score, i
+  l.n = l.n + 1
+  if cards[k] ~= nil then cards[k] = cards[k] + 1 end
+end
 local function card(k)
   local c = cards[k]
   if c == nil then
-    c = redis.call('ZCARD', k)
+    c = redis.call('ZCARD', k) + (leases[k] and leases[k].n or 0)
     cards[k] = c
   end
   return c
 end
-local function zadd(k, score, id)
-  local n = redis.call('ZADD', k, score, id)
-  if cards[k] ~= nil then cards[k] = cards[k] + n end
-end
 local function zrem(k, id)
+  local l = leases[k]
+  local i = l and l.at[id]
+  if i then
+    l.ids[i], l.at[id], l.n = false, nil, l.n - 1
+    if cards[k] ~= nil then cards[k] = cards[k] - 1 end
+    return
+  end
   local n = redis.call('ZREM', k, id)
   if cards[k] ~= nil then cards[k] = cards[k] - n end
 end
+-- The reservations this call's admissions made (id -> amount, and the ids in order), written at
+-- the end the same way.
+local reserved, reservedIds = {}, {}
 
 -- Leases of a crashed instance run out (once per call: with one now, a second pass finds nothing).
 local expired = false
@@ -353,13 +376,11 @@ local function admit(kwt, kwn, ks, ik, haskey, hasidem, id, a_limits, a_flags)
   if haskey and krpm > 0 then rpmrecord(kwt, kwn) end
   if not instant then
     zadd(S, now + lease, id)
-    if haskey then
-      zadd(ks, now + lease, id)
-      redis.call('PEXPIRE', ks, lease * 2)
-    end
+    if haskey then zadd(ks, now + lease, id) end
     if hasidem then redis.call('SET', ik, id, 'PX', lease) end
     if est > 0 then
-      redis.call('HSET', R, id, string.format('%.0f', est))
+      reserved[id] = est
+      reservedIds[#reservedIds + 1] = id
       madd('resv', est)
     end
   end
@@ -371,7 +392,14 @@ end
 -- so no lookup is needed: one HDEL, whose answer says whether it was still there (a lease that
 -- ran out gave it back already).
 local function giveBack(id, est)
-  if est > 0 and redis.call('HDEL', R, id) == 1 then madd('resv', -est) end
+  if est <= 0 then return end
+  local made = reserved[id]
+  if made then -- made earlier in this call: it never reaches Redis
+    reserved[id] = nil
+    madd('resv', -made)
+  elseif redis.call('HDEL', R, id) == 1 then
+    madd('resv', -est)
+  end
 end
 
 local function settle(id, a_cost, a_prepaid, a_est)
@@ -445,6 +473,28 @@ while a <= #ARGV do
 end
 
 -- What the ops left in Lua, written once.
+for _, k in ipairs(leaseSets) do
+  local l, args = leases[k], {}
+  for i = 1, #l.ids do
+    if l.ids[i] then
+      args[#args + 1] = l.scores[i]
+      args[#args + 1] = l.ids[i]
+    end
+  end
+  if #args > 0 then
+    redis.call('ZADD', k, unpack(args))
+    -- A key's slots expire with their last lease (the account's set lives as long as the account).
+    if k ~= S then redis.call('PEXPIRE', k, lease * 2) end
+  end
+end
+local res = {}
+for _, id in ipairs(reservedIds) do
+  if reserved[id] then
+    res[#res + 1] = id
+    res[#res + 1] = string.format('%.0f', reserved[id])
+  end
+end
+if #res > 0 then redis.call('HSET', R, unpack(res)) end
 local ms = string.format('%.0f', now)
 for _, w in ipairs(winlist) do
   if w.rec > 0 then

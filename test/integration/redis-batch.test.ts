@@ -217,6 +217,34 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     assert.equal(calls('hdel'), 3, 't1 settled (1), t1 released after the answer (0), t2 settled and released before it (2, the second finding nothing)');
   });
 
+  test('leases and reservations of one call are written once at its end: counted for the concurrency checks before, taken back by a release in the same call, and the key\'s set given its time to live', async () => {
+    const client = createClient({ url: server.url });
+    await client.connect();
+    try {
+      const p = `pend${randomBytes(3).toString('hex')}{a}`;
+      const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
+      const ks = [`${p}:kwt`, `${p}:kwn`, `${p}:ks`];
+      // Account concurrency 3, key concurrency 2, an estimate of 7 each: the third keyed admission
+      // is refused on the key's count, t4 (no key) fits the account's, t5 is over it; then t1
+      // is released in the same call, and t6 takes its place.
+      const admitK = (id: string) => ['ak', id, '-1,3,-1,2,-1,7', '00'];
+      const admit = (id: string) => ['a', id, '-1,3,-1,-1,-1,7', '00'];
+      const reply = await client.eval(BATCH, {
+        keys: [...keys, ...ks, ...ks, ...ks, `${p}:ks`, ...ks],
+        arguments: ['0', '30000', ...admitK('t1'), ...admitK('t2'), ...admitK('t3'), ...admit('t4'), ...admit('t5'), 'rk', 't1', '7', ...admitK('t6')],
+      });
+      assert.deepEqual(reply, ['ok', 'ok', ['concurrency_limit_exceeded', 1000, 0], 'ok', ['concurrency_limit_exceeded', 1000, 0], 1, 'ok']);
+      assert.deepEqual((await client.zRange(`${p}:s`, 0, -1)).sort(), ['t2', 't4', 't6']);
+      assert.deepEqual((await client.zRange(`${p}:ks`, 0, -1)).sort(), ['t2', 't6']);
+      const ttl = await client.pTTL(`${p}:ks`);
+      assert.ok(ttl > 50_000 && ttl <= 60_000, `the key's set lives twice the lease (PTTL ${ttl})`);
+      assert.deepEqual(await client.hGetAll(`${p}:r`), { t2: '7', t4: '7', t6: '7' }, 't1\'s reservation never written');
+      assert.equal(await client.hGet(`${p}:m`, 'resv'), '21');
+    } finally {
+      await client.quit();
+    }
+  });
+
   test('a hostile amount fails its own call at the door and leaves the batch alone', async () => {
     const a = fresh({ rpm: 2 });
     const good = lim.admit(a, noKey, null, 5);
