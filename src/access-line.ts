@@ -35,7 +35,8 @@ interface Latin1Writable {
  * again with a regular expression would cost ~950 instructions) and `ms`'s digits are stored
  * one by one. Measured (bench/log-line.ts, at 100,000 lines a second): 0.65-0.83 µs a line
  * written to a file, where a string per line encoded into the buffer took about twice as much
- * to buffer, and a string per batch (encoded when written) 1.56 µs. A line with `dropped`
+ * to buffer, and a string per batch (encoded when written) 1.56 µs (those two variants of this
+ * class were measured with the same script and not kept). A line with `dropped`
  * (rare) goes the slow way, through JSON.stringify. The time is the caller's
  * performance.now() on the wall clock, which is read again every second: cheaper than
  * Date.now() per line, and as exact to the millisecond.

@@ -3,7 +3,7 @@ import { write, writeSync } from 'node:fs';
 /** A function that takes finished log text, synchronously (tests and embedders); the default writes to stdout. */
 export type Sink = (text: string) => void;
 
-/** Lines wait at most this long before they are written. */
+/** Lines wait about this long before they are written (more while an earlier batch is still being written). */
 const BATCH_MS = 10;
 /** A batch this large is written at once rather than at the end of its wait. */
 const BATCH_BYTES = 65_536;
@@ -103,24 +103,29 @@ export class LogOutput {
     this.send();
     if ((!this.writing && this.used === 0) || this.stuck) return Promise.resolve();
     return new Promise((resolve) => {
+      const done = () => {
+        clearTimeout(timer);
+        resolve();
+      };
       // Not unref'd: a drain waits for it (at most timeoutMs), even with nothing else to do.
       const timer = setTimeout(() => {
         this.stuck = this.writing;
+        // Given up on: no longer waiting, so later writes go back to waiting for full batches.
+        const at = this.waiting.indexOf(done);
+        if (at !== -1) this.waiting.splice(at, 1);
         resolve();
       }, timeoutMs);
-      this.waiting.push(() => {
-        clearTimeout(timer);
-        resolve();
-      });
+      this.waiting.push(done);
     });
   }
 
   /**
    * Writes what is buffered now, synchronously: for the moment before the process exits. Not
-   * while a batch is still being written by the thread pool: that write is stuck on a reader
-   * that stopped (stdout blocks), and a second one would block the exit too, or interleave
-   * with it; those lines are counted as dropped. A non-blocking descriptor that stays full is
-   * given up on after a short while, the same way.
+   * while a batch is still being written by the thread pool: that write may be stuck on a
+   * reader that stopped (a blocking descriptor: a file on a stalled disk, a pipe not made
+   * non-blocking), it cannot be waited for, and a second write could interleave with it on a
+   * pipe; those lines are counted as dropped (at most about one batch's wait of them). A
+   * non-blocking descriptor that stays full is given up on after a short while, the same way.
    */
   flushSync(): void {
     if (this.used === 0) return;

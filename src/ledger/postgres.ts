@@ -167,12 +167,12 @@ export class PostgresLedger implements Ledger {
         this.logger?.error('ledger backlog full: an entry was not recorded', { entry: JSON.stringify(lost.entry) });
         lost.reject(new Error('ledger backlog full'));
       }
-      // While the database is away a call's entry waits for it (the provider billed the call),
-      // but its answer does not. A credit refused is not kept: the admin was told nothing was
-      // credited, and may well ask again.
+      // While the database is away an entry waits for it (the provider billed the call; the
+      // limiter gave the initial credit), but its answer does not. An admin's credit refused
+      // is not kept: the admin was told nothing was credited, and may well ask again.
       if (this.up) this.queue.push({ entry, resolve, reject });
       else {
-        if (entry.type !== 'credit') this.queue.push({ entry, resolve: noop, reject: noop });
+        if (!adminCredit(entry)) this.queue.push({ entry, resolve: noop, reject: noop });
         reject(new GatewayError('ledger_unavailable', { retryAfterS: 1 }));
       }
       this.schedule();
@@ -261,8 +261,8 @@ export class PostgresLedger implements Ledger {
     this.up = false;
     const refusal = new GatewayError('ledger_unavailable', { retryAfterS: 1 });
     for (const p of batch) p.reject(refusal);
-    // Calls' entries wait for the database; refused credits do not (see append).
-    const kept = batch.filter((p) => p.entry.type !== 'credit');
+    // Entries wait for the database; refused admin credits do not (see append).
+    const kept = batch.filter((p) => !adminCredit(p.entry));
     this.queue.unshift(...kept.map((p) => ({ entry: p.entry, resolve: noop, reject: noop })));
     this.retryLater();
   }
@@ -437,4 +437,9 @@ function entryOf(r: Row): LedgerEntry {
 function codeOf(err: unknown): string {
   const code = (err as { code?: unknown } | null)?.code;
   return typeof code === 'string' ? code : '';
+}
+
+/** A credit an admin call made (it carries the call's request id): durable first, so refused means not made. */
+function adminCredit(entry: LedgerEntry): boolean {
+  return entry.type === 'credit' && entry.requestId !== null;
 }

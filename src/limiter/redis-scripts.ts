@@ -141,10 +141,12 @@ return {num(m[3]), spent, num(m[4]), redis.call('ZCARD', KEYS[2]), now}
 
 /**
  * Sets an account's money from the shared ledger, unless another instance did first (src
- * set): once, atomically. Reservations of calls in flight are kept. The day's spend counts
- * only if it is Redis's today. The admin credits the ledger already holds are marked applied
- * (KEYS[2..]: their credit markers), so giving them again at start adds nothing. KEYS: m, markers.
- * ARGV: bal day spent credited. Returns 1 if it set it.
+ * set): once, atomically. Reservations of calls in flight are kept: \`resv\` is summed again
+ * from the reservations hash (the money hash alone may have been lost, and its settlements will
+ * give those back). The day's spend counts only if it is Redis's today. The admin credits the
+ * ledger already holds are marked applied (KEYS[3..]: their credit markers), so giving them
+ * again at start adds nothing. KEYS: m, r, markers. ARGV: bal day spent credited. Returns 1 if
+ * it set it.
  */
 export const RESTORE = `${PRELUDE}
 local bal, d, spent, credited = int(ARGV[1], -SAFE, SAFE), int(ARGV[2], 0, SAFE), int(ARGV[3], 0, SAFE), flag(ARGV[4])
@@ -154,9 +156,13 @@ if spent == nil then return bad('spent') end
 if credited == nil then return bad('flag') end
 if redis.call('HGET', KEYS[1], 'src') == '1' then return 0 end
 if d ~= day then spent = 0 end
-redis.call('HSET', KEYS[1], 'bal', string.format('%.0f', bal), 'day', day, 'spent', string.format('%.0f', spent), 'src', '1')
+local resv = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[2])) do resv = resv + num(v) end
+if resv > SAFE then resv = SAFE end
+redis.call('HSET', KEYS[1], 'bal', string.format('%.0f', bal), 'day', day, 'spent', string.format('%.0f', spent),
+  'resv', string.format('%.0f', resv), 'src', '1')
 if credited then redis.call('HSETNX', KEYS[1], 'credited', 'ledger') end
-for i = 2, #KEYS do redis.call('SET', KEYS[i], 1, 'NX', 'PX', 691200000) end
+for i = 3, #KEYS do redis.call('SET', KEYS[i], 1, 'NX', 'PX', 691200000) end
 return 1
 `;
 
@@ -219,20 +225,24 @@ end
 
 -- Sorted-set sizes, counted once and then kept up to date.
 local cards = {}
--- Leases taken by this call's admissions, written at the end in one ZADD per set (a
--- redis.call costs more than the command it runs): a lease's id is new, so it is always one
--- more member; card() counts them before they are written, and a release later in the same
--- call takes its lease back before it is.
+-- Leases taken by this call's admissions (all expiring at now + lease), written at the end in
+-- one ZADD per set (a redis.call costs more than the command it runs): a lease's id is new (an
+-- admission checks), so it is always one more member; card() counts them before they are
+-- written, and a release later in the same call takes its lease back before it is.
 local leases, leaseSets = {}, {}
-local function zadd(k, score, id)
+local function pending(k, id)
+  local l = leases[k]
+  return l ~= nil and l.at[id] ~= nil
+end
+local function zadd(k, id)
   local l = leases[k]
   if l == nil then
-    l = { ids = {}, scores = {}, at = {}, n = 0 }
+    l = { ids = {}, at = {}, n = 0 }
     leases[k] = l
     leaseSets[#leaseSets + 1] = k
   end
   local i = #l.ids + 1
-  l.ids[i], l.scores[i], l.at[id] = id, score, i
+  l.ids[i], l.at[id] = id, i
   l.n = l.n + 1
   if cards[k] ~= nil then cards[k] = cards[k] + 1 end
 end
@@ -340,7 +350,8 @@ local function limits(v)
 end
 
 local function admit(kwt, kwn, ks, ik, haskey, hasidem, id, a_limits, a_flags)
-  if type(id) ~= 'string' or id == '' then return bad('id') end
+  -- Ids are new (the instance's prefix and a counter); one already taken in this call is refused.
+  if type(id) ~= 'string' or id == '' or pending(S, id) then return bad('id') end
   local l = limits(a_limits)
   if l == nil then return bad('limits') end
   local rpm, conc, krpm, kconc, cap, est = l[1], l[2], l[3], l[4], l[5], l[6]
@@ -375,8 +386,8 @@ local function admit(kwt, kwn, ks, ik, haskey, hasidem, id, a_limits, a_flags)
   if rpm > 0 then rpmrecord(W, N) end
   if haskey and krpm > 0 then rpmrecord(kwt, kwn) end
   if not instant then
-    zadd(S, now + lease, id)
-    if haskey then zadd(ks, now + lease, id) end
+    zadd(S, id)
+    if haskey then zadd(ks, id) end
     if hasidem then redis.call('SET', ik, id, 'PX', lease) end
     if est > 0 then
       reserved[id] = est
@@ -392,12 +403,11 @@ end
 -- so no lookup is needed: one HDEL, whose answer says whether it was still there (a lease that
 -- ran out gave it back already).
 local function giveBack(id, est)
-  if est <= 0 then return end
   local made = reserved[id]
   if made then -- made earlier in this call: it never reaches Redis
     reserved[id] = nil
     madd('resv', -made)
-  elseif redis.call('HDEL', R, id) == 1 then
+  elseif est > 0 and redis.call('HDEL', R, id) == 1 then
     madd('resv', -est)
   end
 end
@@ -425,10 +435,11 @@ local function release(ks, ik, haskey, hasidem, id, a_est)
   local est = int(a_est, 0, SAFE)
   if type(id) ~= 'string' or id == '' then return bad('id') end
   if est == nil then return bad('est') end
+  -- The reservation first: should a later command fail, the lease still runs out by itself.
+  giveBack(id, est)
   zrem(S, id)
   if haskey then zrem(ks, id) end
   if hasidem and redis.call('GET', ik) == id then redis.call('DEL', ik) end
-  giveBack(id, est)
   return 1
 end
 
@@ -473,18 +484,18 @@ while a <= #ARGV do
 end
 
 -- What the ops left in Lua, written once.
-for _, k in ipairs(leaseSets) do
-  local l, args = leases[k], {}
-  for i = 1, #l.ids do
-    if l.ids[i] then
-      args[#args + 1] = l.scores[i]
-      args[#args + 1] = l.ids[i]
+for _, set in ipairs(leaseSets) do
+  local ids, args = leases[set].ids, {}
+  for i = 1, #ids do
+    if ids[i] then
+      args[#args + 1] = now + lease
+      args[#args + 1] = ids[i]
     end
   end
   if #args > 0 then
-    redis.call('ZADD', k, unpack(args))
+    redis.call('ZADD', set, unpack(args))
     -- A key's slots expire with their last lease (the account's set lives as long as the account).
-    if k ~= S then redis.call('PEXPIRE', k, lease * 2) end
+    if set ~= S then redis.call('PEXPIRE', set, lease * 2) end
   end
 end
 local res = {}

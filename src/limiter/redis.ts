@@ -307,7 +307,7 @@ export class RedisLimiter implements Limiter {
     let restoring = this.restoring.get(accountId);
     if (restoring === undefined) {
       const a = this.tag(accountId);
-      restoring = this.money!(accountId).then((t) => this.eval(SCRIPTS.restore, [`${a}:m`, ...t.creditIds.map((id) => `${a}:c:${id}`)], [
+      restoring = this.money!(accountId).then((t) => this.eval(SCRIPTS.restore, [`${a}:m`, `${a}:r`, ...t.creditIds.map((id) => `${a}:c:${id}`)], [
         String(t.balanceMicro), String(t.day), String(t.spentMicro), t.credited ? '1' : '0',
       ], accountId)).then((set) => {
         if (set === 1) this.logger?.info('account money rebuilt from the ledger', { account_id: accountId });

@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { createGateway, type EmbeddedGateway } from '../../src/create.js';
+import { creditEntry } from '../../src/billing/entries.js';
 import { Logger } from '../../src/log.js';
 import { rng } from '../helpers/fake-clock.js';
 import { FakeUpstream, json, openaiCompletion } from '../helpers/fake-upstream.js';
@@ -63,6 +64,13 @@ describe('PostgreSQL away: 503 before going upstream, then back by itself', { sk
     });
     assert.equal(credit.status, 503);
     await credit.arrayBuffer();
+    // The initial credit of an account (a reload added it): the limiter gave it already, so its
+    // entry waits for the database like a call's.
+    const initial = creditEntry({
+      accountId: 'acct_alice', amountMicro: 4_440_000, balanceAfterMicro: 4_440_000, at: Date.now(), requestId: null,
+      note: 'initial balance from config', idempotencyKey: null,
+    });
+    await assert.rejects(Promise.resolve(gw.gateway.ledger.append(initial)), (err: Error) => (err as { code?: string }).code === 'ledger_unavailable');
 
     await pg.start();
     await until(ready, 10_000, 'the ledger to come back by itself');
@@ -71,6 +79,7 @@ describe('PostgreSQL away: 503 before going upstream, then back by itself', { sk
     await res.arrayBuffer();
     assert.equal(sql('SELECT count(*) FROM model_gateway.entries WHERE type = \'charge\'', pg.url), '2', 'both answered calls are recorded, once');
     assert.equal(sql('SELECT count(*) FROM model_gateway.entries WHERE amount_micro = 7770000', pg.url), '0', 'the refused credit was not written once the database came back');
+    await until(async () => sql(`SELECT count(*) FROM model_gateway.entries WHERE id = '${initial.id}'`, pg.url) === '1', 5000, 'the initial credit written once it came back');
   });
 });
 

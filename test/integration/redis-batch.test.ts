@@ -152,7 +152,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     }
   });
 
-  test('\'restore\' in a batch: the money is rebuilt from the ledger once, then every op of the batch runs again', async () => {
+  test('\'restore\' in a batch: the money is rebuilt from the ledger once, the reservations of calls in flight kept, then each op that answered \'restore\' runs again', async () => {
     let reads = 0;
     const money = async (): Promise<LedgerMoney> => {
       reads++;
@@ -172,7 +172,8 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     assert.equal(reads, 2);
     assert.deepEqual(settled.map((s) => s.balanceAfterMicro), [990, 980, 970]);
     snap = await l.snapshot(a);
-    assert.deepEqual([snap.balanceMicro, snap.spentTodayMicro, snap.inFlight], [970, 70, 0]);
+    assert.deepEqual([snap.balanceMicro, snap.spentTodayMicro, snap.reservedMicro, snap.inFlight], [970, 70, 0, 0],
+      'the reservations rebuilt with the money, and given back once');
   });
 
   test('a reservation is given back once: a settlement after its lease ran out (and an admission expired it) takes nothing back again', async () => {
@@ -240,6 +241,14 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
       assert.ok(ttl > 50_000 && ttl <= 60_000, `the key's set lives twice the lease (PTTL ${ttl})`);
       assert.deepEqual(await client.hGetAll(`${p}:r`), { t2: '7', t4: '7', t6: '7' }, 't1\'s reservation never written');
       assert.equal(await client.hGet(`${p}:m`, 'resv'), '21');
+      // An id taken twice in one call is refused; a release that says 0 (its settlement answered)
+      // still takes back a reservation made in the same call.
+      const again = await client.eval(BATCH, {
+        keys, arguments: ['0', '30000', 'a', 'u1', '-1,-1,-1,-1,-1,7', '00', 'a', 'u1', '-1,-1,-1,-1,-1,7', '00', 'r', 'u1', '0'],
+      });
+      assert.deepEqual(again, ['ok', ['error', 'ERR model-gateway: invalid argument id'], 1]);
+      assert.equal(await client.hGet(`${p}:m`, 'resv'), '21', 'u1\'s 7 came back, once');
+      assert.equal(Number(await client.hExists(`${p}:r`, 'u1')), 0);
     } finally {
       await client.quit();
     }

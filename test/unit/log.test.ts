@@ -96,10 +96,12 @@ test('log output to a file under a steady stream: the lines that come in while a
     while (output.batches === 0) output.line(line(i++)); // the line that fills 64 KB sends the batch
     const first = i;
     for (let k = 0; k < 5; k++) output.line(line(i++)); // these come in while it is written
+    mock.timers.tick(10); // their wait is over while the write is still under way: nothing sent
+    assert.equal(output.batches, 1);
     while (output.busy) await new Promise((resolve) => setImmediate(resolve));
     assert.equal(output.batches, 1, 'the write ended and the five lines waiting were not sent at once');
     assert.equal(output.room(), 1_048_576 - 5 * 200);
-    mock.timers.tick(10); // their wait is over
+    mock.timers.tick(10); // the end of the write gave them a new wait, now over
     assert.equal(output.batches, 2);
     await output.flush();
     const text = readFileSync(join(dir, 'out.log'), 'utf8');
