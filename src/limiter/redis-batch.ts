@@ -39,6 +39,14 @@ export class BatchQueue {
     private readonly failure: (cause: Error | null) => Error,
     /** An op that Redis answered with its own error. */
     private readonly opError: (message: string) => Error,
+    /**
+     * Called right after a flush is scheduled. The Redis client writes its commands at a
+     * setImmediate of its own, and one scheduled during the flush (itself a setImmediate) runs
+     * only after the next poll phase: work that came in meanwhile delays the batch. A command
+     * sent here schedules the client's write now, after the flush, so the batch leaves in the
+     * same check phase.
+     */
+    private readonly onSchedule: () => void = () => {},
   ) {}
 
   /** Queues an op of `accountId`, whose account keys are `accountKeys`; sent at the next setImmediate. */
@@ -52,6 +60,7 @@ export class BatchQueue {
     if (!this.scheduled) {
       this.scheduled = true;
       setImmediate(this.flushAll);
+      this.onSchedule();
     }
   }
 

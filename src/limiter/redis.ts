@@ -127,6 +127,10 @@ export class RedisLimiter implements Limiter {
     }, (message) => {
       this.warn('redis limiter command failed', new Error(message));
       return new GatewayError('limiter_unavailable', { retryAfterS: 1 });
+    }, () => {
+      // A PING (one per turn, ~0.2 us in Redis) so that the client's write follows the flush in
+      // this check phase: about 4 % more billable calls per second (5 s runs, alternated, 7 pairs).
+      if (this.client.isReady) this.client.sendCommand(['PING']).catch(ignore);
     });
     this.renewTimer = setInterval(() => this.renewAll(), Math.max(100, Math.floor(this.leaseMs / 3)));
     this.renewTimer.unref();

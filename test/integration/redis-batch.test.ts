@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { Socket } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { createClient } from 'redis';
 import { GatewayError } from '../../src/errors.js';
@@ -52,6 +53,30 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     assert.equal(evalshas(), 1, 'one script call for the 50');
     const next = await lim.admitInstant(a, noKey, null);
     assert.equal(reason(next), 'rate_limit_exceeded', 'the batch recorded its 20 admissions');
+  });
+
+  test('a turn\'s batch is written in that turn: before an immediate queued after it, not after the next poll phase', async () => {
+    const a = fresh({ rpm: 5 });
+    await lim.snapshot(a);
+    // What the limiter's sockets were handed, and when: node-redis writes its queued commands
+    // at a setImmediate of its own.
+    const written: string[] = [];
+    const write = Socket.prototype.write;
+    Socket.prototype.write = function (this: Socket, chunk: unknown, ...rest: unknown[]) {
+      if (String(chunk).includes('EVALSHA')) written.push('batch');
+      return (write as (...args: unknown[]) => boolean).call(this, chunk, ...rest);
+    } as typeof write;
+    try {
+      const seen = await new Promise<string[]>((resolve, reject) => {
+        setTimeout(() => { // a callback of the loop, as a request's parse is
+          lim.admitInstant(a, noKey, null).catch(reject);
+          setImmediate(() => resolve([...written]));
+        }, 0);
+      });
+      assert.deepEqual(seen, ['batch'], 'the batch was on the socket when the turn ended');
+    } finally {
+      Socket.prototype.write = write;
+    }
   });
 
   test('a turn with more than 256 ops of one account: split into calls of 256, still in order, still exact', async () => {
