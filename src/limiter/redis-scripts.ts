@@ -179,8 +179,9 @@ return 1
  * KEYS: wt wn s m r (the account's), then each op's own, as its kind says.
  * ARGV: needsrc lease, then per op its kind and arguments (few and packed: Redis makes a Lua
  * string of every argument, and that, with parsing them, was most of a call's cost):
- *   'a' id "rpm,conc,krpm,kconc,cap,estimate" flags   admit. The limits and the estimate are
- *        -1 for "none"; flags: 2 characters, prepaid and instant (an admission that holds
+ *   'a' id "rpm,conc,krpm,kconc,cap" estimate flags   admit. The limits and the estimate are
+ *        -1 for "none" (the limits are one argument, the same for every admission of an
+ *        account and key, so a call parses them once); flags: 2 characters, prepaid and instant (an admission that holds
  *        nothing, /v1/models), each '0' or '1'. 'ak' when the key has limits (KEYS kwt kwn ks
  *        follow), 'ai' with an Idempotency-Key (KEYS i), 'aki' with both.
  *   's' id cost prepaid reserved   settle: the reservation becomes the charge; slot and key
@@ -335,26 +336,34 @@ local function rpmrecord(wt, wn)
   w.rec = w.rec + 1
 end
 
--- An admission's six numbers in one argument (one pattern match, not six): each an integer
--- of at most 17 characters in [-1, 2^53 - 1]; nil for any that is not.
+-- An admission's five limits in one argument (one pattern match, not five): each an integer
+-- of at most 17 characters in [-1, 2^53 - 1]; nil for any that is not. Parsed once per call:
+-- the admissions of one account and key carry the same string (a pattern match with its
+-- captures costs more than the rest of an admission's checks).
+local parsed = {}
 local function limits(v)
-  if type(v) ~= 'string' or #v > 107 then return nil end
-  local r = { string.match(v, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$') }
-  if #r ~= 6 then return nil end
-  for i = 1, 6 do
+  local r = parsed[v]
+  if r ~= nil then return r end
+  if type(v) ~= 'string' or #v > 89 then return nil end
+  r = { string.match(v, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$') }
+  if #r ~= 5 then return nil end
+  for i = 1, 5 do
     local n = #r[i] <= 17 and tonumber(r[i]) or nil
     if n == nil or n < -1 or n > SAFE then return nil end
     r[i] = n
   end
+  parsed[v] = r
   return r
 end
 
-local function admit(kwt, kwn, ks, ik, haskey, hasidem, id, a_limits, a_flags)
+local function admit(kwt, kwn, ks, ik, haskey, hasidem, id, a_limits, a_est, a_flags)
   -- Ids are new (the instance's prefix and a counter); one already taken in this call is refused.
   if type(id) ~= 'string' or id == '' or pending(S, id) then return bad('id') end
   local l = limits(a_limits)
   if l == nil then return bad('limits') end
-  local rpm, conc, krpm, kconc, cap, est = l[1], l[2], l[3], l[4], l[5], l[6]
+  local rpm, conc, krpm, kconc, cap = l[1], l[2], l[3], l[4], l[5]
+  local est = int(a_est, -1, SAFE)
+  if est == nil then return bad('est') end
   if a_flags ~= '00' and a_flags ~= '01' and a_flags ~= '10' and a_flags ~= '11' then return bad('flag') end
   local prepaid, instant = string.byte(a_flags, 1) == 49, string.byte(a_flags, 2) == 49
   if est >= 0 and nosrc() then return {'restore', 0, 0} end
@@ -461,8 +470,8 @@ while a <= #ARGV do
     local kwt, kwn, ks, ik
     if haskey then kwt, kwn, ks, k = KEYS[k], KEYS[k + 1], KEYS[k + 2], k + 3 end
     if hasidem then ik, k = KEYS[k], k + 1 end
-    ok, res = pcall(admit, kwt, kwn, ks, ik, haskey, hasidem, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3])
-    a = a + 4
+    ok, res = pcall(admit, kwt, kwn, ks, ik, haskey, hasidem, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+    a = a + 5
   elseif has ~= nil then -- r
     local haskey, hasidem = has[1], has[2]
     local ks, ik

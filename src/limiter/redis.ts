@@ -283,8 +283,8 @@ export class RedisLimiter implements Limiter {
     const n = (v: number | null) => (v === null ? '-1' : String(v));
     const args = [
       kind, id,
-      `${n(account.rpm)},${n(account.concurrency)},${n(limited ? key.rpm : null)},${n(limited ? key.concurrency : null)},${n(account.dailyCapMicro)},${n(estimateMicro)}`,
-      `${account.prepaid ? '1' : '0'}${instant ? '1' : '0'}`,
+      `${n(account.rpm)},${n(account.concurrency)},${n(limited ? key.rpm : null)},${n(limited ? key.concurrency : null)},${n(account.dailyCapMicro)}`,
+      n(estimateMicro), `${account.prepaid ? '1' : '0'}${instant ? '1' : '0'}`,
     ];
     return this.withMoney(account.id, () => this.queue(account.id, keys, args)).then((r) => {
       if (r === 'ok') return null;

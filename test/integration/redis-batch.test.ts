@@ -147,8 +147,8 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
       const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
       const idem = `${p}:i:x`;
       // An admission with an Idempotency-Key ('ai': its key follows): rpm, concurrency, key rpm,
-      // key concurrency, cap, estimate; flags prepaid and instant.
-      const admit = (id: string, rpm: string) => ['ai', id, `${rpm},10,-1,-1,1000,5`, '00'];
+      // key concurrency, cap; the estimate; flags prepaid and instant.
+      const admit = (id: string, rpm: string) => ['ai', id, `${rpm},10,-1,-1,1000`, '5', '00'];
       // Alone, a bad admission writes nothing at all.
       assert.deepEqual(await client.eval(BATCH, { keys: [...keys, idem], arguments: ['0', '30000', ...admit('t0', '1.5')] }),
         [['error', 'ERR model-gateway: invalid argument limits']]);
@@ -207,7 +207,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     try {
       const p = `once${randomBytes(3).toString('hex')}{a}`;
       const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
-      const admit = (id: string, lease: string) => client.eval(BATCH, { keys, arguments: ['0', lease, 'a', id, '-1,-1,-1,-1,-1,5', '00'] });
+      const admit = (id: string, lease: string) => client.eval(BATCH, { keys, arguments: ['0', lease, 'a', id, '-1,-1,-1,-1,-1', '5', '00'] });
       assert.deepEqual(await admit('t1', '1'), ['ok']); // a lease of 1 ms: t1's instance "died"
       const redisMs = async () => { const [s, us] = (await client.sendCommand(['TIME'])) as [string, string]; return Number(s) * 1000 + Math.floor(Number(us) / 1000); };
       const until = (await redisMs()) + 3;
@@ -253,8 +253,8 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
       // Account concurrency 3, key concurrency 2, an estimate of 7 each: the third keyed admission
       // is refused on the key's count, t4 (no key) fits the account's, t5 is over it; then t1
       // is released in the same call, and t6 takes its place.
-      const admitK = (id: string) => ['ak', id, '-1,3,-1,2,-1,7', '00'];
-      const admit = (id: string) => ['a', id, '-1,3,-1,-1,-1,7', '00'];
+      const admitK = (id: string) => ['ak', id, '-1,3,-1,2,-1', '7', '00'];
+      const admit = (id: string) => ['a', id, '-1,3,-1,-1,-1', '7', '00'];
       const reply = await client.eval(BATCH, {
         keys: [...keys, ...ks, ...ks, ...ks, `${p}:ks`, ...ks],
         arguments: ['0', '30000', ...admitK('t1'), ...admitK('t2'), ...admitK('t3'), ...admit('t4'), ...admit('t5'), 'rk', 't1', '7', ...admitK('t6')],
@@ -269,7 +269,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
       // An id taken twice in one call is refused; a release that says 0 (its settlement answered)
       // still takes back a reservation made in the same call.
       const again = await client.eval(BATCH, {
-        keys, arguments: ['0', '30000', 'a', 'u1', '-1,-1,-1,-1,-1,7', '00', 'a', 'u1', '-1,-1,-1,-1,-1,7', '00', 'r', 'u1', '0'],
+        keys, arguments: ['0', '30000', 'a', 'u1', '-1,-1,-1,-1,-1', '7', '00', 'a', 'u1', '-1,-1,-1,-1,-1', '7', '00', 'r', 'u1', '0'],
       });
       assert.deepEqual(again, ['ok', ['error', 'ERR model-gateway: invalid argument id'], 1]);
       assert.equal(await client.hGet(`${p}:m`, 'resv'), '21', 'u1\'s 7 came back, once');

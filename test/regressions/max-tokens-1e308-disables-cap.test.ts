@@ -116,11 +116,11 @@ if (hasRedis) {
         await client.flushAll();
         const keys = ['x{a}:wt', 'x{a}:wn', 'x{a}:s', 'x{a}:m', 'x{a}:r', 'x{a}:i:z'];
         // BATCH: needsrc lease, then one admission with an Idempotency-Key ('ai', its key last):
-        // id, "rpm,concurrency,key rpm,key concurrency,cap,estimate", flags prepaid and instant.
-        const good = ['0', '30000', 'ai', 't1', '10,10,-1,-1,1000,5', '00'];
+        // id, "rpm,concurrency,key rpm,key concurrency,cap", estimate, flags prepaid and instant.
+        const good = ['0', '30000', 'ai', 't1', '10,10,-1,-1,1000', '5', '00'];
         const limits = (at: number, value: string) => { const l = good[4]!.split(','); l[at] = value; return l.join(','); };
-        const opArgs = [[4, limits(5, '1e+308')], [4, limits(5, '9007199254740993')], [4, limits(5, '1.5')], [4, limits(5, 'NaN')],
-          [4, limits(0, '1e9999')], [4, limits(4, '-2')], [4, '10,10,-1,-1,1000'], [5, '0x'], [5, '2'], [3, '']] as const;
+        const opArgs = [[5, '1e+308'], [5, '9007199254740993'], [5, '1.5'], [5, 'NaN'], [5, '-2'], [5, ''],
+          [4, limits(0, '1e9999')], [4, limits(4, '-2')], [4, limits(4, '1.5')], [4, '10,10,-1,-1'], [4, '10,10,-1,-1,1000,5'], [6, '0x'], [6, '2'], [3, '']] as const;
         for (const [at, value] of opArgs) {
           const args = [...good];
           args[at] = value;
