@@ -347,12 +347,21 @@ export class RedisLimiter implements Limiter {
     });
   }
 
-  /** EVALSHA, loading the script when Redis does not have it (NOSCRIPT). No deadline: the callers keep it. */
   private command(s: Script, keys: readonly string[], args: readonly string[]): Promise<unknown> {
-    const options = { keys: keys as string[], arguments: args as string[] };
-    return this.client.evalSha(s.sha, options).catch((err: Error) => {
+    return this.evalWords(s, ['EVALSHA', s.sha, String(keys.length), ...keys, ...args]);
+  }
+
+  /**
+   * Sends `words` (EVALSHA sha numkeys keys... args...), and again as EVAL with the script's
+   * source when Redis does not have it (NOSCRIPT: flushed, or restarted). No deadline: the
+   * callers keep it.
+   */
+  private evalWords(s: Script, words: string[]): Promise<unknown> {
+    return this.client.sendCommand(words).catch((err: Error) => {
       if (!String(err.message).startsWith('NOSCRIPT')) throw err;
-      return this.client.eval(s.source, options);
+      words[0] = 'EVAL';
+      words[1] = s.source;
+      return this.client.sendCommand(words);
     });
   }
 
@@ -375,13 +384,13 @@ export class RedisLimiter implements Limiter {
   /** One account's batch as one call of the BATCH script. */
   private sendBatch(accountKeys: readonly string[], ops: readonly BatchOp[]): Promise<unknown> {
     if (!this.client.isReady) return Promise.reject(new Error('the redis connection is not ready'));
-    const keys = [...accountKeys];
-    const args = [this.needsrc, String(this.leaseMs)];
-    for (const op of ops) {
-      for (const k of op.keys) keys.push(k);
-      for (const v of op.args) args.push(v);
-    }
-    return this.command(SCRIPTS.batch, keys, args);
+    // The command's words in one array, built once (no copies of the keys and arguments).
+    const words = ['EVALSHA', SCRIPTS.batch.sha, '', ...accountKeys];
+    for (const op of ops) for (const k of op.keys) words.push(k);
+    words[2] = String(words.length - 3);
+    words.push(this.needsrc, String(this.leaseMs));
+    for (const op of ops) for (const v of op.args) words.push(v);
+    return this.evalWords(SCRIPTS.batch, words);
   }
 
   /** At most one warning per 5 s: an outage must not flood the log. */

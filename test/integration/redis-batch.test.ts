@@ -79,6 +79,19 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     }
   });
 
+  test('a Redis that lost its scripts (SCRIPT FLUSH, a restart) gets the script again with the call: nothing fails', async () => {
+    const a = fresh({ rpm: 2, prepaid: true, dailyCapMicro: 1000 });
+    await lim.creditOnce(a.id, 500);
+    cli('script', 'flush');
+    const [d1, d2, d3] = await Promise.all([lim.admit(a, noKey, null, 10), lim.admit(a, noKey, null, 10), lim.admit(a, noKey, null, 10)]);
+    assert.deepEqual([d1, d2, d3].map(reason), ['ok', 'ok', 'rate_limit_exceeded']);
+    cli('script', 'flush');
+    assert.equal((await lim.settle(d1 as Ticket, 7)).balanceAfterMicro, 493);
+    cli('script', 'flush');
+    const snap = await lim.snapshot(a);
+    assert.deepEqual([snap.balanceMicro, snap.spentTodayMicro, snap.reservedMicro, snap.inFlight], [493, 7, 10, 2]);
+  });
+
   test('a turn with more than 256 ops of one account: split into calls of 256, still in order, still exact', async () => {
     const a = fresh({ rpm: 300 });
     await lim.snapshot(a);
