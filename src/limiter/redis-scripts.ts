@@ -1,7 +1,8 @@
 /**
  * Lua run inside Redis. The hot path is one script, BATCH: the admissions (each checks
  * everything in the contract's order and writes only when every check passes), settlements and
- * releases one instance made for one account in one event-loop turn, in one EVALSHA. Credits,
+ * releases one instance made for one account in one event-loop turn, in one call (FCALL of it
+ * as a Redis function where Redis can, EVALSHA otherwise). Credits,
  * snapshots, lease renewals and rebuilds have scripts of their own. All keys of an account
  * share the hash tag `{accountId}`, and a script call never mixes accounts, so the scripts
  * also run on Redis Cluster. Time is Redis's own (TIME), so instances with skewed clocks agree.
@@ -27,10 +28,14 @@
  *   P{A}:c:E      admin credit E applied (E: its Idempotency-Key, or its entry id); expires after 8 days
  */
 
-const PRELUDE = `
+/** Redis's clock: \`now\` in ms and its UTC day, read once per call (the helpers below use them). */
+const CLOCK = `
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local day = math.floor(now / 86400000)
+now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+day = math.floor(now / 86400000)
+`;
+
+const HELPERS = `
 local SAFE = 9007199254740991
 
 -- An argument that must be an integer in [lo, hi]; nil otherwise (checked before any write).
@@ -80,6 +85,8 @@ local function expireLeases(s, r)
   return back
 end
 `;
+
+const PRELUDE = `local now, day${HELPERS}${CLOCK}`;
 
 /** Extends the leases of a live ticket. KEYS: s ks i. ARGV: id lease haskey hasidem. */
 export const RENEW = `${PRELUDE}
@@ -194,14 +201,20 @@ return 1
  * the gateway): admit 'ok' or {reason, wait, resetsAt} (reason 'restore' too), settle the
  * balance after it or {'restore'}, release 1; an op that failed: {'error', message}.
  */
-export const BATCH = `${PRELUDE}
-local needsrc, lease = flag(ARGV[1]), int(ARGV[2], 1, 86400000)
-if needsrc == nil then return bad('flag') end
-if lease == nil then return bad('lease') end
-local W, N, S, M, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+/** BATCH's code without its call: batch(KEYS, ARGV) runs one call. */
+export const BATCH_LIBRARY = `local now, day${HELPERS}
+-- A call's state, set again at the start of every call (as a Redis function, the functions
+-- below are defined once, when the library loads):
+local needsrc, lease, W, N, S, M, R -- its arguments, and the account's keys
+local money, dirty                  -- the money hash (mget)
+local cards                         -- sorted-set sizes, counted once and then kept up to date
+local leases, leaseSets             -- the leases this call's admissions took (zadd)
+local reserved, reservedIds         -- the reservations they made: id -> amount, and the ids in order
+local expired, cleaned              -- the account's leases expired; the keys' sets cleaned
+local wins, winlist                 -- RPM windows (window)
+local parsed                        -- admissions' limits, parsed (limits)
 
 -- The money hash, read once (on first use) and written once at the end (only what changed).
-local money, dirty = nil, {}
 local function mget(field)
   if money == nil then
     local v = redis.call('HMGET', M, 'day', 'spent', 'bal', 'resv', 'src')
@@ -224,13 +237,10 @@ local function nosrc()
   return needsrc and mget('src') ~= '1'
 end
 
--- Sorted-set sizes, counted once and then kept up to date.
-local cards = {}
 -- Leases taken by this call's admissions (all expiring at now + lease), written at the end in
 -- one ZADD per set (a redis.call costs more than the command it runs): a lease's id is new (an
 -- admission checks), so it is always one more member; card() counts them before they are
 -- written, and a release later in the same call takes its lease back before it is.
-local leases, leaseSets = {}, {}
 local function pending(k, id)
   local l = leases[k]
   return l ~= nil and l.at[id] ~= nil
@@ -266,12 +276,8 @@ local function zrem(k, id)
   local n = redis.call('ZREM', k, id)
   if cards[k] ~= nil then cards[k] = cards[k] - n end
 end
--- The reservations this call's admissions made (id -> amount, and the ids in order), written at
--- the end the same way.
-local reserved, reservedIds = {}, {}
 
 -- Leases of a crashed instance run out (once per call: with one now, a second pass finds nothing).
-local expired = false
 local function expire()
   if expired then return end
   expired = true
@@ -279,7 +285,6 @@ local function expire()
   local back = expireLeases(S, R)
   if back > 0 then madd('resv', -back) end
 end
-local cleaned = {}
 local function expireKey(ks)
   if cleaned[ks] then return end
   cleaned[ks] = true
@@ -289,7 +294,6 @@ end
 
 -- RPM windows: expired pairs dropped once, the total kept in Lua; this call's admissions (all
 -- in the millisecond now) are written at the end. A wait that would reach them is 60000 either way.
-local wins, winlist = {}, {}
 local function window(wt, wn)
   local w = wins[wt]
   if w then return w end
@@ -340,7 +344,6 @@ end
 -- of at most 17 characters in [-1, 2^53 - 1]; nil for any that is not. Parsed once per call:
 -- the admissions of one account and key carry the same string (a pattern match with its
 -- captures costs more than the rest of an admission's checks).
-local parsed = {}
 local function limits(v)
   local r = parsed[v]
   if r ~= nil then return r end
@@ -456,88 +459,113 @@ end
 -- limits (admit: kwt kwn ks; release: ks), and i, its Idempotency-Key.
 local HAS = { a = {false, false}, ak = {true, false}, ai = {false, true}, aki = {true, true},
   r = {false, false}, rk = {true, false}, ri = {false, true}, rki = {true, true} }
-local out = {}
-local k, a = 6, 3
-while a <= #ARGV do
-  local kind = ARGV[a]
-  local has = HAS[kind]
-  local ok, res
-  if kind == 's' then
-    ok, res = pcall(settle, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
-    a = a + 5
-  elseif has ~= nil and string.byte(kind, 1) == 97 then -- a
-    local haskey, hasidem = has[1], has[2]
-    local kwt, kwn, ks, ik
-    if haskey then kwt, kwn, ks, k = KEYS[k], KEYS[k + 1], KEYS[k + 2], k + 3 end
-    if hasidem then ik, k = KEYS[k], k + 1 end
-    ok, res = pcall(admit, kwt, kwn, ks, ik, haskey, hasidem, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
-    a = a + 5
-  elseif has ~= nil then -- r
-    local haskey, hasidem = has[1], has[2]
-    local ks, ik
-    if haskey then ks, k = KEYS[k], k + 1 end
-    if hasidem then ik, k = KEYS[k], k + 1 end
-    ok, res = pcall(release, ks, ik, haskey, hasidem, ARGV[a + 1], ARGV[a + 2])
-    a = a + 3
-  else
-    -- The framing itself is wrong: nothing more can be read (the ops before it stand).
-    ok, res = false, 'ERR model-gateway: invalid argument op'
-    a = #ARGV + 1
-  end
-  if not ok then
-    res = {'error', type(res) == 'table' and res.err or tostring(res)}
-  elseif type(res) == 'table' and res.err then
-    res = {'error', res.err}
-  end
-  out[#out + 1] = res
-end
 
--- What the ops left in Lua, written once.
-for _, set in ipairs(leaseSets) do
-  local ids, args = leases[set].ids, {}
-  for i = 1, #ids do
-    if ids[i] then
-      args[#args + 1] = now + lease
-      args[#args + 1] = ids[i]
+local function batch(KEYS, ARGV)${CLOCK}
+  needsrc, lease = flag(ARGV[1]), int(ARGV[2], 1, 86400000)
+  if needsrc == nil then return bad('flag') end
+  if lease == nil then return bad('lease') end
+  W, N, S, M, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+  money, dirty, cards, leases, leaseSets, reserved, reservedIds = nil, {}, {}, {}, {}, {}, {}
+  expired, cleaned, wins, winlist, parsed = false, {}, {}, {}, {}
+
+  local out = {}
+  local k, a = 6, 3
+  while a <= #ARGV do
+    local kind = ARGV[a]
+    local has = HAS[kind]
+    local ok, res
+    if kind == 's' then
+      ok, res = pcall(settle, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+      a = a + 5
+    elseif has ~= nil and string.byte(kind, 1) == 97 then -- a
+      local haskey, hasidem = has[1], has[2]
+      local kwt, kwn, ks, ik
+      if haskey then kwt, kwn, ks, k = KEYS[k], KEYS[k + 1], KEYS[k + 2], k + 3 end
+      if hasidem then ik, k = KEYS[k], k + 1 end
+      ok, res = pcall(admit, kwt, kwn, ks, ik, haskey, hasidem, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+      a = a + 5
+    elseif has ~= nil then -- r
+      local haskey, hasidem = has[1], has[2]
+      local ks, ik
+      if haskey then ks, k = KEYS[k], k + 1 end
+      if hasidem then ik, k = KEYS[k], k + 1 end
+      ok, res = pcall(release, ks, ik, haskey, hasidem, ARGV[a + 1], ARGV[a + 2])
+      a = a + 3
+    else
+      -- The framing itself is wrong: nothing more can be read (the ops before it stand).
+      ok, res = false, 'ERR model-gateway: invalid argument op'
+      a = #ARGV + 1
+    end
+    if not ok then
+      res = {'error', type(res) == 'table' and res.err or tostring(res)}
+    elseif type(res) == 'table' and res.err then
+      res = {'error', res.err}
+    end
+    out[#out + 1] = res
+  end
+
+  -- What the ops left in Lua, written once.
+  for _, set in ipairs(leaseSets) do
+    local ids, args = leases[set].ids, {}
+    for i = 1, #ids do
+      if ids[i] then
+        args[#args + 1] = now + lease
+        args[#args + 1] = ids[i]
+      end
+    end
+    if #args > 0 then
+      redis.call('ZADD', set, unpack(args))
+      -- A key's slots expire with their last lease (the account's set lives as long as the account).
+      if set ~= S then redis.call('PEXPIRE', set, lease * 2) end
     end
   end
-  if #args > 0 then
-    redis.call('ZADD', set, unpack(args))
-    -- A key's slots expire with their last lease (the account's set lives as long as the account).
-    if set ~= S then redis.call('PEXPIRE', set, lease * 2) end
-  end
-end
-local res = {}
-for _, id in ipairs(reservedIds) do
-  if reserved[id] then
-    res[#res + 1] = id
-    res[#res + 1] = string.format('%.0f', reserved[id])
-  end
-end
-if #res > 0 then redis.call('HSET', R, unpack(res)) end
-local ms = string.format('%.0f', now)
-for _, w in ipairs(winlist) do
-  if w.rec > 0 then
-    -- A millisecond's first admission is its member alone; more give it a count.
-    if redis.call('ZADD', w.wt, 'NX', now, ms) == 1 then
-      if w.rec > 1 then redis.call('HSET', w.wn, ms, w.rec) end
-    elseif redis.call('HSETNX', w.wn, ms, w.rec + 1) == 0 then
-      redis.call('HINCRBY', w.wn, ms, w.rec)
-    end
-    redis.call('HINCRBY', w.wn, 'n', w.rec)
-    redis.call('PEXPIRE', w.wt, 60000)
-    redis.call('PEXPIRE', w.wn, 60000)
-  end
-end
-if money ~= nil then
-  local set = {}
-  for _, f in ipairs({'day', 'spent', 'bal', 'resv'}) do
-    if dirty[f] then
-      set[#set + 1] = f
-      set[#set + 1] = string.format('%.0f', money[f])
+  local res = {}
+  for _, id in ipairs(reservedIds) do
+    if reserved[id] then
+      res[#res + 1] = id
+      res[#res + 1] = string.format('%.0f', reserved[id])
     end
   end
-  if #set > 0 then redis.call('HSET', M, unpack(set)) end
+  if #res > 0 then redis.call('HSET', R, unpack(res)) end
+  local ms = string.format('%.0f', now)
+  for _, w in ipairs(winlist) do
+    if w.rec > 0 then
+      -- A millisecond's first admission is its member alone; more give it a count.
+      if redis.call('ZADD', w.wt, 'NX', now, ms) == 1 then
+        if w.rec > 1 then redis.call('HSET', w.wn, ms, w.rec) end
+      elseif redis.call('HSETNX', w.wn, ms, w.rec + 1) == 0 then
+        redis.call('HINCRBY', w.wn, ms, w.rec)
+      end
+      redis.call('HINCRBY', w.wn, 'n', w.rec)
+      redis.call('PEXPIRE', w.wt, 60000)
+      redis.call('PEXPIRE', w.wn, 60000)
+    end
+  end
+  if money ~= nil then
+    local set = {}
+    for _, f in ipairs({'day', 'spent', 'bal', 'resv'}) do
+      if dirty[f] then
+        set[#set + 1] = f
+        set[#set + 1] = string.format('%.0f', money[f])
+      end
+    end
+    if #set > 0 then redis.call('HSET', M, unpack(set)) end
+  end
+  return out
 end
-return out
 `;
+
+/** BATCH as a script (EVAL / EVALSHA): every call defines its functions again. */
+export const BATCH = `${BATCH_LIBRARY}
+return batch(KEYS, ARGV)
+`;
+
+/**
+ * BATCH as a Redis 7 function library (FUNCTION LOAD, then FCALL with its name): its functions
+ * are defined once, when the library loads, not at every call. The name carries a hash of the
+ * code, so instances of different versions each call their own.
+ */
+export function batchFunction(hash: string): { name: string; code: string } {
+  const name = `mg_batch_${hash}`;
+  return { name, code: `#!lua name=${name}\n${BATCH_LIBRARY}\nredis.register_function('${name}', function(keys, args) return batch(keys, args) end)\n` };
+}

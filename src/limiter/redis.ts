@@ -5,7 +5,7 @@ import type { Logger } from '../log.js';
 import type { AccountTotals } from '../ledger/types.js';
 import { checkAdmission, checkCost, checkCredit } from './guard.js';
 import { BatchQueue, type BatchOp } from './redis-batch.js';
-import { BATCH, CREDIT, RENEW, RESTORE, SNAPSHOT } from './redis-scripts.js';
+import { BATCH, BATCH_LIBRARY, batchFunction, CREDIT, RENEW, RESTORE, SNAPSHOT } from './redis-scripts.js';
 import {
   Rejection, type AccountLimits, type AccountSnapshot, type Decision, type InstantDecision, type KeyLimits, type Limiter,
   type RejectReason, type Settlement, type Ticket,
@@ -59,6 +59,10 @@ const script = (source: string): Script => ({ source, sha: createHash('sha1').up
 const SCRIPTS = {
   batch: script(BATCH), renew: script(RENEW), credit: script(CREDIT), snapshot: script(SNAPSHOT), restore: script(RESTORE),
 };
+/** BATCH as a Redis function library, named after its code (see redis-scripts.ts). */
+const BATCH_FUNCTION = batchFunction(createHash('sha1').update(BATCH_LIBRARY).digest('hex').slice(0, 16));
+/** An error of a Redis that cannot run functions for us: before 7.0, or an ACL without FCALL or FUNCTION. */
+const NO_FUNCTIONS = /unknown command|NOPERM/i;
 
 /** Loads the optional `redis` package only when the config asks for it. */
 export function loadRedis(): typeof import('redis') {
@@ -72,8 +76,9 @@ export function loadRedis(): typeof import('redis') {
 /**
  * The limiter shared by every gateway instance through Redis. Admissions (every check in the
  * contract's order), settlements and releases are queued per account and sent at the end of
- * the event loop's turn: one EVALSHA of the BATCH script per account and turn, which runs each
- * op as its own script would (redis-batch.ts, redis-scripts.ts). Slots,
+ * the event loop's turn: one call of the BATCH script per account and turn (FCALL of it as a
+ * Redis function; EVALSHA on a Redis that cannot), which runs each op as its own script would
+ * (redis-batch.ts, redis-scripts.ts). Slots,
  * reservations and idempotency keys are leases renewed while a request lives, so a crashed
  * instance's holdings return by themselves within `leaseMs`. Fail-closed: no offline queue,
  * a tight deadline per command (per batch: one for all the calls sent together), and a store
@@ -99,6 +104,8 @@ export class RedisLimiter implements Limiter {
   private readonly restoring = new Map<string, Promise<void>>();
   /** Admissions, settlements and releases waiting for the end of the turn, per account. */
   private readonly batch: BatchQueue;
+  /** BATCH runs as a Redis function (FCALL) until Redis says it cannot; then as a script. */
+  private functions = true;
 
   constructor(options: RedisLimiterOptions) {
     const { createClient } = loadRedis();
@@ -385,11 +392,38 @@ export class RedisLimiter implements Limiter {
   private sendBatch(accountKeys: readonly string[], ops: readonly BatchOp[]): Promise<unknown> {
     if (!this.client.isReady) return Promise.reject(new Error('the redis connection is not ready'));
     // The command's words in one array, built once (no copies of the keys and arguments).
-    const words = ['EVALSHA', SCRIPTS.batch.sha, '', ...accountKeys];
+    const words = this.functions ? ['FCALL', BATCH_FUNCTION.name, '', ...accountKeys] : ['EVALSHA', SCRIPTS.batch.sha, '', ...accountKeys];
     for (const op of ops) for (const k of op.keys) words.push(k);
     words[2] = String(words.length - 3);
     words.push(this.needsrc, String(this.leaseMs));
     for (const op of ops) for (const v of op.args) words.push(v);
+    if (words[0] === 'EVALSHA') return this.evalWords(SCRIPTS.batch, words);
+    return this.client.sendCommand(words).catch((err: Error) => this.fcallFailed(err, words));
+  }
+
+  /**
+   * An FCALL of BATCH failed. A Redis without the library (never given it, flushed, restarted)
+   * gets it, with the call again right behind it, so no later call of this instance overtakes
+   * it; a Redis that cannot run functions gets scripts from now on; any other error stands.
+   */
+  private async fcallFailed(err: Error, words: string[]): Promise<unknown> {
+    if (NO_FUNCTIONS.test(err.message)) return this.asScript(err, words);
+    if (!err.message.includes('Function not found')) throw err;
+    const [loadError, again] = await Promise.all([
+      this.client.sendCommand(['FUNCTION', 'LOAD', BATCH_FUNCTION.code]).then(() => null, (e: Error) => e),
+      this.client.sendCommand(words).then((reply) => ({ reply }), (error: Error) => ({ error })),
+    ]);
+    if ('reply' in again) return again.reply;
+    // Loaded by another instance first ("already exists") is as good as loaded here.
+    if (loadError !== null && NO_FUNCTIONS.test(loadError.message)) return this.asScript(loadError, words);
+    throw again.error;
+  }
+
+  private asScript(err: Error, words: string[]): Promise<unknown> {
+    if (this.functions) this.logger?.info('redis cannot run the limiter as a function; it runs it as a script', { reason: err.message });
+    this.functions = false;
+    words[0] = 'EVALSHA';
+    words[1] = SCRIPTS.batch.sha;
     return this.evalWords(SCRIPTS.batch, words);
   }
 

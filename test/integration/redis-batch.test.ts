@@ -28,6 +28,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
   before(async () => {
     await server.start();
     lim = await make();
+    await lim.admitInstant(fresh(), noKey, null); // the BATCH function loaded, so calls are counted from one
   });
   after(async () => {
     for (const l of limiters) await l.close();
@@ -35,8 +36,8 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
   });
 
   const cli = (...args: string[]) => spawnSync('redis-cli', ['-p', String(server.port), ...args], { encoding: 'utf8' }).stdout.trim();
-  /** EVALSHA calls since the last reset. */
-  const evalshas = () => Number(/cmdstat_evalsha:calls=(\d+)/.exec(cli('info', 'commandstats'))?.[1] ?? 0);
+  /** BATCH calls since the last reset (FCALL; the other scripts are EVALSHA). */
+  const evalshas = () => Number(/cmdstat_fcall:calls=(\d+)/.exec(cli('info', 'commandstats'))?.[1] ?? 0);
   const fresh = (over: Partial<AccountLimits> = {}): AccountLimits => ({
     id: `acct_${randomBytes(4).toString('hex')}`, rpm: null, concurrency: null, dailyCapMicro: null, prepaid: false, ...over,
   });
@@ -63,7 +64,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     const written: string[] = [];
     const write = Socket.prototype.write;
     Socket.prototype.write = function (this: Socket, chunk: unknown, ...rest: unknown[]) {
-      if (String(chunk).includes('EVALSHA')) written.push('batch');
+      if (String(chunk).includes('FCALL')) written.push('batch');
       return (write as (...args: unknown[]) => boolean).call(this, chunk, ...rest);
     } as typeof write;
     try {
@@ -79,17 +80,44 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     }
   });
 
-  test('a Redis that lost its scripts (SCRIPT FLUSH, a restart) gets the script again with the call: nothing fails', async () => {
+  test('a Redis that lost its scripts and functions (SCRIPT FLUSH, FUNCTION FLUSH, a restart) gets them again with the call: nothing fails', async () => {
     const a = fresh({ rpm: 2, prepaid: true, dailyCapMicro: 1000 });
     await lim.creditOnce(a.id, 500);
-    cli('script', 'flush');
+    const lost = () => {
+      cli('script', 'flush');
+      cli('function', 'flush');
+    };
+    lost();
+    cli('config', 'resetstat');
     const [d1, d2, d3] = await Promise.all([lim.admit(a, noKey, null, 10), lim.admit(a, noKey, null, 10), lim.admit(a, noKey, null, 10)]);
     assert.deepEqual([d1, d2, d3].map(reason), ['ok', 'ok', 'rate_limit_exceeded']);
-    cli('script', 'flush');
+    assert.match(cli('info', 'commandstats'), /cmdstat_function\|load:calls=1,/, 'the library loaded once');
+    assert.match(cli('function', 'list'), /mg_batch_[0-9a-f]{16}/);
+    lost();
     assert.equal((await lim.settle(d1 as Ticket, 7)).balanceAfterMicro, 493);
-    cli('script', 'flush');
+    lost();
     const snap = await lim.snapshot(a);
     assert.deepEqual([snap.balanceMicro, snap.spentTodayMicro, snap.reservedMicro, snap.inFlight], [493, 7, 10, 2]);
+    await lim.admitInstant(fresh(), noKey, null); // the library back, for the tests that count calls
+  });
+
+  test('a Redis that cannot run functions for it (before 7.0, or an ACL without FCALL): the batch runs as a script, decisions the same', async () => {
+    cli('acl', 'setuser', 'nofunctions', 'on', '>pw', '~*', '&*', '+@all', '-fcall', '-function');
+    const noFn = await make({ url: `redis://nofunctions:pw@127.0.0.1:${server.port}` });
+    try {
+      const a = fresh({ rpm: 3, concurrency: 2 });
+      cli('config', 'resetstat');
+      const first = await Promise.all([noFn.admit(a, noKey, null, null), noFn.admit(a, noKey, null, null), noFn.admit(a, noKey, null, null)]);
+      assert.deepEqual(first.map(reason), ['ok', 'ok', 'concurrency_limit_exceeded']);
+      noFn.release(first[0] as Ticket);
+      assert.deepEqual([await noFn.admit(a, noKey, null, null), await noFn.admit(a, noKey, null, null)].map(reason), ['ok', 'rate_limit_exceeded']);
+      const stats = cli('info', 'commandstats');
+      assert.match(stats, /cmdstat_fcall:calls=0,.*rejected_calls=1,/, 'FCALL tried once, refused');
+      assert.match(stats, /cmdstat_evalsha:calls=[1-9]/, 'then scripts');
+    } finally {
+      await noFn.close(); // before its user goes
+      cli('acl', 'deluser', 'nofunctions');
+    }
   });
 
   test('a turn with more than 256 ops of one account: split into calls of 256, still in order, still exact', async () => {
