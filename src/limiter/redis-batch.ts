@@ -1,7 +1,7 @@
 /**
  * Batches a Redis limiter's hot calls: the admissions, settlements and releases made for one
- * account in one turn of the event loop go to Redis as one script call (the BATCH script of
- * redis-scripts.ts), sent at `setImmediate`, so the requests parsed in the same poll phase
+ * account in one turn of the event loop go to Redis as one call of the BATCH script of
+ * redis-scripts.ts (FCALL, or EVALSHA), sent at `setImmediate`, so the requests parsed in the same poll phase
  * share it. (Holding an account's ops while its previous call is out makes calls larger, but
  * Redis's cost is per op, not per call: measured with three gateway processes per limiter,
  * 0.577x the memory limiter against 0.62-0.69x sending every turn.) Ops of one account keep

@@ -200,8 +200,10 @@ return 1
  * Returns one reply per op, short in the common case (every reply is built by Redis and parsed by
  * the gateway): admit 'ok' or {reason, wait, resetsAt} (reason 'restore' too), settle the
  * balance after it or {'restore'}, release 1; an op that failed: {'error', message}.
+ *
+ * This is BATCH's code without its call: `batch(KEYS, ARGV)` runs one call. It runs as a
+ * Redis function (see batchFunction), or as a script (BATCH, below).
  */
-/** BATCH's code without its call: batch(KEYS, ARGV) runs one call. */
 export const BATCH_LIBRARY = `local now, day${HELPERS}
 -- A call's state, set again at the start of every call (as a Redis function, the functions
 -- below are defined once, when the library loads):

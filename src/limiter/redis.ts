@@ -61,8 +61,12 @@ const SCRIPTS = {
 };
 /** BATCH as a Redis function library, named after its code (see redis-scripts.ts). */
 const BATCH_FUNCTION = batchFunction(createHash('sha1').update(BATCH_LIBRARY).digest('hex').slice(0, 16));
-/** An error of a Redis that cannot run functions for us: before 7.0, or an ACL without FCALL or FUNCTION. */
-const NO_FUNCTIONS = /unknown command|NOPERM/i;
+/**
+ * FCALL refused as a command, before it ran anything: a Redis without the library (flushed), or
+ * an ACL without FCALL. The call can be sent again as a script. (An error from inside the
+ * function is never retried: it may have written half of the call.)
+ */
+const FCALL_REFUSED = /^ERR Function not found|^NOPERM.*'fcall'/i;
 
 /** Loads the optional `redis` package only when the config asks for it. */
 export function loadRedis(): typeof import('redis') {
@@ -104,8 +108,13 @@ export class RedisLimiter implements Limiter {
   private readonly restoring = new Map<string, Promise<void>>();
   /** Admissions, settlements and releases waiting for the end of the turn, per account. */
   private readonly batch: BatchQueue;
-  /** BATCH runs as a Redis function (FCALL) until Redis says it cannot; then as a script. */
-  private functions = true;
+  /**
+   * BATCH runs as a Redis function (FCALL) once its library is loaded: at every connection the
+   * instance loads it (FUNCTION LOAD, before any call sent after), and runs BATCH as a script
+   * (EVALSHA) until it is in, or for good on this connection when Redis refuses it.
+   */
+  private functions = false;
+  private loading = false;
 
   constructor(options: RedisLimiterOptions) {
     const { createClient } = loadRedis();
@@ -119,7 +128,7 @@ export class RedisLimiter implements Limiter {
       url: options.url,
       disableOfflineQueue: true, // never queue a decision behind an outage
       // The client's own per-command timer (an AbortSignal per command, 5 s by default) is
-      // switched off: eval() below keeps the one deadline, at timeoutMs.
+      // switched off: eval() below and the batch queue keep their own deadline, at timeoutMs.
       commandOptions: { timeout: 0 },
       socket: {
         connectTimeout: Math.max(options.timeoutMs, 1000),
@@ -127,6 +136,7 @@ export class RedisLimiter implements Limiter {
       },
     }) as RedisClientType;
     this.client.on('error', (err: Error) => this.warn('redis limiter store error', err));
+    this.client.on('ready', () => this.loadFunctions());
     this.client.connect().catch(() => { /* reconnects by itself; requests fail closed meanwhile */ });
     this.batch = new BatchQueue((keys, ops) => this.sendBatch(keys, ops), this.timeoutMs, (cause) => {
       if (cause !== null) this.warn('redis limiter command failed', cause);
@@ -143,10 +153,10 @@ export class RedisLimiter implements Limiter {
     this.renewTimer.unref();
   }
 
-  /** Resolves once connected (or rejects after `ms`): for start-up and tests. */
+  /** Resolves once connected, and Redis answered the library's load (or rejects after `ms`): for start-up and tests. */
   async whenReady(ms: number): Promise<void> {
     const until = Date.now() + ms;
-    while (!this.client.isReady) {
+    while (!this.client.isReady || this.loading) {
       if (Date.now() > until) throw new Error('redis is not reachable');
       await new Promise((r) => setTimeout(r, 20));
     }
@@ -398,33 +408,36 @@ export class RedisLimiter implements Limiter {
     words.push(this.needsrc, String(this.leaseMs));
     for (const op of ops) for (const v of op.args) words.push(v);
     if (words[0] === 'EVALSHA') return this.evalWords(SCRIPTS.batch, words);
-    return this.client.sendCommand(words).catch((err: Error) => this.fcallFailed(err, words));
+    return this.client.sendCommand(words).catch((err: Error) => {
+      if (!FCALL_REFUSED.test(err.message)) throw err;
+      // Refused before it ran: sent again as a script (as a NOSCRIPT call is), and the library
+      // loaded again when it went missing (FUNCTION FLUSH).
+      this.functions = false;
+      if (err.message.startsWith('ERR')) this.loadFunctions();
+      else this.logger?.warn('redis refuses FCALL to the limiter; it runs BATCH as a script', { error: err.message });
+      words[0] = 'EVALSHA';
+      words[1] = SCRIPTS.batch.sha;
+      return this.evalWords(SCRIPTS.batch, words);
+    });
   }
 
   /**
-   * An FCALL of BATCH failed. A Redis without the library (never given it, flushed, restarted)
-   * gets it, with the call again right behind it, so no later call of this instance overtakes
-   * it; a Redis that cannot run functions gets scripts from now on; any other error stands.
+   * Gives Redis the BATCH library (loaded by another instance first is as good), then calls it
+   * with FCALL; a Redis that cannot take it (before 7.0; an ACL without FUNCTION) keeps
+   * getting scripts, with a note in the log.
    */
-  private async fcallFailed(err: Error, words: string[]): Promise<unknown> {
-    if (NO_FUNCTIONS.test(err.message)) return this.asScript(err, words);
-    if (!err.message.includes('Function not found')) throw err;
-    const [loadError, again] = await Promise.all([
-      this.client.sendCommand(['FUNCTION', 'LOAD', BATCH_FUNCTION.code]).then(() => null, (e: Error) => e),
-      this.client.sendCommand(words).then((reply) => ({ reply }), (error: Error) => ({ error })),
-    ]);
-    if ('reply' in again) return again.reply;
-    // Loaded by another instance first ("already exists") is as good as loaded here.
-    if (loadError !== null && NO_FUNCTIONS.test(loadError.message)) return this.asScript(loadError, words);
-    throw again.error;
-  }
-
-  private asScript(err: Error, words: string[]): Promise<unknown> {
-    if (this.functions) this.logger?.info('redis cannot run the limiter as a function; it runs it as a script', { reason: err.message });
-    this.functions = false;
-    words[0] = 'EVALSHA';
-    words[1] = SCRIPTS.batch.sha;
-    return this.evalWords(SCRIPTS.batch, words);
+  private loadFunctions(): void {
+    if (this.loading) return;
+    this.loading = true;
+    this.client.sendCommand(['FUNCTION', 'LOAD', BATCH_FUNCTION.code]).then(() => true, (err: Error) => {
+      if (err.message.includes('already exists')) return true;
+      // (A connection lost meanwhile is no refusal: the next connection tries again.)
+      if (this.client.isReady) this.logger?.info('redis does not take the limiter as a function; it runs BATCH as a script', { error: err.message });
+      return false;
+    }).then((loaded) => {
+      this.loading = false;
+      this.functions = loaded;
+    });
   }
 
   /** At most one warning per 5 s: an outage must not flood the log. */

@@ -28,7 +28,6 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
   before(async () => {
     await server.start();
     lim = await make();
-    await lim.admitInstant(fresh(), noKey, null); // the BATCH function loaded, so calls are counted from one
   });
   after(async () => {
     for (const l of limiters) await l.close();
@@ -37,7 +36,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
 
   const cli = (...args: string[]) => spawnSync('redis-cli', ['-p', String(server.port), ...args], { encoding: 'utf8' }).stdout.trim();
   /** BATCH calls since the last reset (FCALL; the other scripts are EVALSHA). */
-  const evalshas = () => Number(/cmdstat_fcall:calls=(\d+)/.exec(cli('info', 'commandstats'))?.[1] ?? 0);
+  const batchCalls = () => Number(/cmdstat_fcall:calls=(\d+)/.exec(cli('info', 'commandstats'))?.[1] ?? 0);
   const fresh = (over: Partial<AccountLimits> = {}): AccountLimits => ({
     id: `acct_${randomBytes(4).toString('hex')}`, rpm: null, concurrency: null, dailyCapMicro: null, prepaid: false, ...over,
   });
@@ -51,7 +50,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     const decisions = await Promise.all(Array.from({ length: 50 }, () => lim.admitInstant(a, noKey, null)));
     assert.equal(decisions.filter((d) => d.ok).length, 20);
     assert.equal(decisions.slice(0, 20).every((d) => d.ok), true, 'the first 20 made, in order');
-    assert.equal(evalshas(), 1, 'one script call for the 50');
+    assert.equal(batchCalls(), 1, 'one script call for the 50');
     const next = await lim.admitInstant(a, noKey, null);
     assert.equal(reason(next), 'rate_limit_exceeded', 'the batch recorded its 20 admissions');
   });
@@ -101,22 +100,49 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     await lim.admitInstant(fresh(), noKey, null); // the library back, for the tests that count calls
   });
 
-  test('a Redis that cannot run functions for it (before 7.0, or an ACL without FCALL): the batch runs as a script, decisions the same', async () => {
-    cli('acl', 'setuser', 'nofunctions', 'on', '>pw', '~*', '&*', '+@all', '-fcall', '-function');
-    const noFn = await make({ url: `redis://nofunctions:pw@127.0.0.1:${server.port}` });
-    try {
-      const a = fresh({ rpm: 3, concurrency: 2 });
+  for (const [refused, acl, tried] of [
+    // Its library refused: FCALL never tried.
+    ['FUNCTION (as before 7.0)', ['-fcall', '-function'], /cmdstat_function\|load:calls=0,.*rejected_calls=1,/],
+    // Its library loaded, FCALL refused once: scripts from then on.
+    ['FCALL only', ['-fcall'], /cmdstat_fcall:calls=0,.*rejected_calls=1,/],
+  ] as const) {
+    test(`a Redis that refuses ${refused} to the limiter's user: the batch runs as a script, decisions the same`, async () => {
+      cli('acl', 'setuser', 'nofunctions', 'reset', 'on', '>pw', '~*', '&*', '+@all', ...acl);
       cli('config', 'resetstat');
-      const first = await Promise.all([noFn.admit(a, noKey, null, null), noFn.admit(a, noKey, null, null), noFn.admit(a, noKey, null, null)]);
-      assert.deepEqual(first.map(reason), ['ok', 'ok', 'concurrency_limit_exceeded']);
-      noFn.release(first[0] as Ticket);
-      assert.deepEqual([await noFn.admit(a, noKey, null, null), await noFn.admit(a, noKey, null, null)].map(reason), ['ok', 'rate_limit_exceeded']);
-      const stats = cli('info', 'commandstats');
-      assert.match(stats, /cmdstat_fcall:calls=0,.*rejected_calls=1,/, 'FCALL tried once, refused');
-      assert.match(stats, /cmdstat_evalsha:calls=[1-9]/, 'then scripts');
+      const noFn = await make({ url: `redis://nofunctions:pw@127.0.0.1:${server.port}` });
+      try {
+        const a = fresh({ rpm: 3, concurrency: 2 });
+        const first = await Promise.all([noFn.admit(a, noKey, null, null), noFn.admit(a, noKey, null, null), noFn.admit(a, noKey, null, null)]);
+        assert.deepEqual(first.map(reason), ['ok', 'ok', 'concurrency_limit_exceeded']);
+        noFn.release(first[0] as Ticket);
+        assert.deepEqual([await noFn.admit(a, noKey, null, null), await noFn.admit(a, noKey, null, null)].map(reason), ['ok', 'rate_limit_exceeded']);
+        const stats = cli('info', 'commandstats');
+        assert.match(stats, tried, 'FCALL tried at most once, and refused');
+        if (acl.length === 2) assert.doesNotMatch(stats, /cmdstat_fcall/, 'FCALL never tried');
+        assert.match(stats, /cmdstat_evalsha:calls=[1-9]/, 'scripts instead');
+      } finally {
+        await noFn.close(); // before its user goes
+        cli('acl', 'deluser', 'nofunctions');
+      }
+    });
+  }
+
+  test('a call of the BATCH function starts from nothing: what one call kept in Lua (a reservation made in it) is not seen by the next', async () => {
+    const client = createClient({ url: server.url });
+    await client.connect();
+    try {
+      const name = /mg_batch_[0-9a-f]{16}/.exec(cli('function', 'list'))![0];
+      const p = `fn${randomBytes(3).toString('hex')}{a}`;
+      const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
+      const fcall = (...args: string[]) => client.sendCommand(['FCALL', name, String(keys.length), ...keys, '0', '30000', ...args]);
+      assert.deepEqual(await fcall('a', 'u1', '-1,-1,-1,-1,-1', '7', '00'), ['ok']);
+      // Released saying 0 (its settlement gave it back): a reservation made in this same call
+      // would be taken back; one made in an earlier call stays, with its lease.
+      assert.deepEqual(await fcall('r', 'u1', '0'), [1]);
+      assert.equal(await client.hGet(`${p}:m`, 'resv'), '7');
+      assert.equal(await client.hGet(`${p}:r`, 'u1'), '7');
     } finally {
-      await noFn.close(); // before its user goes
-      cli('acl', 'deluser', 'nofunctions');
+      await client.quit();
     }
   });
 
@@ -125,7 +151,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     await lim.snapshot(a);
     cli('config', 'resetstat');
     const decisions = await Promise.all(Array.from({ length: 600 }, () => lim.admitInstant(a, noKey, null)));
-    assert.equal(evalshas(), 3, '256 + 256 + 88');
+    assert.equal(batchCalls(), 3, '256 + 256 + 88');
     assert.equal(decisions.filter((d) => d.ok).length, 300);
     assert.equal(decisions.slice(0, 300).every((d) => d.ok), true, 'the first 300 made, in order across the calls');
   });
@@ -140,7 +166,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     const of = (acct: AccountLimits) => decisions.filter((_, i) => (i % 2 === 0 ? a : b) === acct).map(reason);
     assert.deepEqual(of(a), ['ok', 'ok', 'ok', ...Array(7).fill('rate_limit_exceeded')]);
     assert.deepEqual(of(b), ['ok', 'ok', ...Array(8).fill('concurrency_limit_exceeded')]);
-    assert.equal(evalshas(), 2);
+    assert.equal(batchCalls(), 2);
     assert.equal((await lim.snapshot(b)).inFlight, 2);
     for (const d of decisions) if (d.ok) lim.release(d);
     assert.equal((await lim.snapshot(b)).inFlight, 0, 'the releases were sent before the snapshot');
@@ -175,7 +201,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     lim.release(tickets[1]!);
     const balances = (await Promise.all(settled)).map((s) => s.balanceAfterMicro);
     assert.deepEqual(balances, [750, 650], 'each settlement answers the balance after it, in order');
-    assert.equal(evalshas(), 1);
+    assert.equal(batchCalls(), 1);
     const snap = await lim.snapshot(a);
     assert.deepEqual([snap.balanceMicro, snap.spentTodayMicro, snap.reservedMicro, snap.inFlight], [650, 350, 0, 0]);
   });

@@ -119,14 +119,15 @@ if (hasRedis) {
         // id, "rpm,concurrency,key rpm,key concurrency,cap", estimate, flags prepaid and instant.
         const good = ['0', '30000', 'ai', 't1', '10,10,-1,-1,1000', '5', '00'];
         const limits = (at: number, value: string) => { const l = good[4]!.split(','); l[at] = value; return l.join(','); };
-        const opArgs = [[5, '1e+308'], [5, '9007199254740993'], [5, '1.5'], [5, 'NaN'], [5, '-2'], [5, ''],
-          [4, limits(0, '1e9999')], [4, limits(4, '-2')], [4, limits(4, '1.5')], [4, '10,10,-1,-1'], [4, '10,10,-1,-1,1000,5'], [6, '0x'], [6, '2'], [3, '']] as const;
-        for (const [at, value] of opArgs) {
+        const opArgs = [[5, '1e+308', 'est'], [5, '9007199254740993', 'est'], [5, '1.5', 'est'], [5, 'NaN', 'est'], [5, '-2', 'est'], [5, '', 'est'],
+          [4, limits(0, '1e9999'), 'limits'], [4, limits(4, '-2'), 'limits'], [4, limits(4, '1.5'), 'limits'], [4, '10,10,-1,-1', 'limits'],
+          [4, '10,10,-1,-1,1000,5', 'limits'], [6, '0x', 'flag'], [6, '2', 'flag'], [3, '', 'id']] as const;
+        for (const [at, value, name] of opArgs) {
           const args = [...good];
           args[at] = value;
           const [reply] = (await client.eval(BATCH, { keys, arguments: args })) as [[string, string]];
           assert.equal(reply[0], 'error', `argument ${at} = ${value}`);
-          assert.match(reply[1], /invalid argument/);
+          assert.equal(reply[1], `ERR model-gateway: invalid argument ${name}`);
           assert.deepEqual(await client.keys('x*'), [], `nothing written for argument ${at} = ${value}`);
         }
         for (const [at, value] of [[1, '0'], [0, '2'], [2, 'b']] as const) { // the call's own (lease, needsrc) and the framing
