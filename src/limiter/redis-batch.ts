@@ -1,10 +1,12 @@
 /**
  * Batches a Redis limiter's hot calls: the admissions, settlements and releases made for one
  * account in one turn of the event loop go to Redis as one call of the BATCH script of
- * redis-scripts.ts (FCALL, or EVALSHA), sent at `setImmediate`, so the requests parsed in the same poll phase
- * share it. (Holding an account's ops while its previous call is out makes calls larger, but
- * Redis's cost is per op, not per call: measured with three gateway processes per limiter,
- * 0.577x the memory limiter against 0.62-0.69x sending every turn.) Ops of one account keep
+ * redis-scripts.ts (FCALL, or EVALSHA), sent at `setImmediate`, so the requests parsed in the
+ * same poll phase share it. (Holding an account's ops while its previous call is out makes
+ * calls larger, but Redis's cost is per op, not per call: measured with three gateway
+ * processes per limiter, 0.577x the memory limiter against 0.62-0.69x sending every turn;
+ * holding back only the releases, which nothing waits for, measured worse too: they then
+ * delay the calls that something waits for.) Ops of one account keep
  * their order; accounts are never mixed in one call (all of a call's keys share the account's
  * hash tag, as on Redis Cluster). All the calls sent at once share one deadline timer.
  */

@@ -188,8 +188,8 @@ return 1
  * string of every argument, and that, with parsing them, was most of a call's cost):
  *   'a' id "rpm,conc,krpm,kconc,cap" estimate flags   admit. The limits and the estimate are
  *        -1 for "none" (the limits are one argument, the same for every admission of an
- *        account and key, so a call parses them once); flags: 2 characters, prepaid and instant (an admission that holds
- *        nothing, /v1/models), each '0' or '1'. 'ak' when the key has limits (KEYS kwt kwn ks
+ *        account and key, so a call parses them once); flags: 2 characters, prepaid and
+ *        instant (an admission that holds nothing, /v1/models), each '0' or '1'. 'ak' when the key has limits (KEYS kwt kwn ks
  *        follow), 'ai' with an Idempotency-Key (KEYS i), 'aki' with both.
  *   's' id cost prepaid reserved   settle: the reservation becomes the charge; slot and key
  *        stay held. `reserved`: what the admission reserved (the gateway sends it back, so the
