@@ -364,6 +364,7 @@ export class RedisLimiter implements Limiter {
     });
   }
 
+  /** EVALSHA of a script (see evalWords). */
   private command(s: Script, keys: readonly string[], args: readonly string[]): Promise<unknown> {
     return this.evalWords(s, ['EVALSHA', s.sha, String(keys.length), ...keys, ...args]);
   }
