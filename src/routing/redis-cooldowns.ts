@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type { RedisClientType } from 'redis';
 import type { Clock } from '../clock.js';
-import { loadRedis } from '../limiter/redis.js';
+import { closeRedisClient, loadRedis } from '../limiter/redis.js';
 import type { Logger } from '../log.js';
 import { MemoryCooldowns } from './cooldowns.js';
 
@@ -22,6 +22,9 @@ if redis.call('PTTL', KEYS[1]) >= tonumber(ms) then return 0 end
 redis.call('SET', KEYS[1], '1', 'PX', ms)
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1`;
+
+/** How long closing waits for Redis to answer QUIT. */
+const CLOSE_MS = 1000;
 
 export interface RedisCooldownsOptions {
   url: string;
@@ -117,12 +120,6 @@ export class RedisCooldowns extends MemoryCooldowns {
   }
 
   override async close(): Promise<void> {
-    for (const c of [this.subscriber, this.client]) {
-      try {
-        if (c.isOpen) await c.quit();
-      } catch {
-        c.destroy();
-      }
-    }
+    await Promise.all([this.subscriber, this.client].map((c) => closeRedisClient(c, CLOSE_MS)));
   }
 }

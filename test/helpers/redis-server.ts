@@ -3,7 +3,7 @@ import { createServer } from 'node:net';
 
 export const hasRedis = spawnSync('redis-server', ['--version']).status === 0;
 
-async function freePort(): Promise<number> {
+export async function freePort(): Promise<number> {
   return new Promise((resolve) => {
     const s = createServer().listen(0, '127.0.0.1', () => {
       const port = (s.address() as { port: number }).port;
