@@ -1,5 +1,5 @@
 import type { Logger } from '../log.js';
-import type { PgPool } from '../ledger/postgres.js';
+import { endWithin, type PgPool } from '../ledger/postgres.js';
 import { AdminConflict, AdminStore, emptyAdminState, fromJson, toJson, type AdminState } from './state.js';
 
 /** A connection that listens (the pg package's Client). */
@@ -111,6 +111,7 @@ export class PostgresAdminStore extends AdminStore {
   override async close(): Promise<void> {
     this.closed = true;
     if (this.retry !== null) clearTimeout(this.retry);
-    await this.listener?.end().catch(() => {});
+    const listener = this.listener;
+    if (listener !== null) await endWithin(() => listener.end());
   }
 }

@@ -21,6 +21,17 @@ export interface PgPackage {
   Client: new (options: Record<string, unknown>) => PgListener;
 }
 
+/**
+ * Ends a pool or a connection without waiting on a database that stopped answering (a drain
+ * must end): pg's end() waits for the server to close each socket, which a frozen server never
+ * does. Past `ms`, the connections are left to the process's exit.
+ */
+export async function endWithin(end: () => Promise<void>, ms = 2000): Promise<void> {
+  let timer: NodeJS.Timeout | undefined;
+  await Promise.race([end().catch(noop), new Promise<void>((resolve) => { timer = setTimeout(resolve, ms); })]);
+  clearTimeout(timer);
+}
+
 /** Loads the optional `pg` package only when the config asks for it. */
 export function loadPg(): PgPackage {
   try {
@@ -415,7 +426,7 @@ export class PostgresLedger implements Ledger {
     this.closed = true;
     if (this.retryTimer !== null) clearTimeout(this.retryTimer);
     if (this.heartbeat !== null) clearInterval(this.heartbeat);
-    await this.pool.end().catch(noop);
+    await endWithin(() => this.pool.end());
   }
 }
 

@@ -135,3 +135,26 @@ describe('kill -9 of one of two instances on one PostgreSQL ledger, under load',
     );
   });
 });
+
+describe('PostgreSQL frozen when the gateway closes', { skip: noPrivateCluster }, () => {
+  const pg = new PostgresServer();
+  after(() => pg.remove());
+
+  test('the drain ends: closing the ledger and the admin state does not wait for a database that never answers', async () => {
+    await pg.start();
+    const gw = await createGateway(testConfig({ ledger: { store: 'postgres', url: pg.url } }), { logger: new Logger(() => {}), adminKey: 'admin-pg-frozen' });
+    const url = await gw.listen(0, '127.0.0.1');
+    const models = await fetch(`${url}/v1/models`, { headers: { authorization: 'Bearer sk-alice' } });
+    assert.equal(models.status, 200);
+    await models.arrayBuffer();
+    pg.pause(); // its sockets stay open; nothing answers, nothing closes
+    try {
+      const t0 = Date.now();
+      const outcome = await Promise.race([gw.close().then(() => 'closed'), new Promise((r) => setTimeout(() => r('still waiting'), 15_000))]);
+      assert.equal(outcome, 'closed');
+      assert.ok(Date.now() - t0 < 10_000, `closed in ${Date.now() - t0} ms`);
+    } finally {
+      pg.resume();
+    }
+  });
+});

@@ -1,6 +1,6 @@
 import { execFileSync, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { chownSync, mkdtempSync, rmSync } from 'node:fs';
+import { chownSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -80,6 +80,21 @@ export class PostgresServer {
   /** Stops at once (as a crash would: no clean shutdown of the clients' sessions). */
   stop(): void {
     this.run('pg_ctl', ['-D', `${this.dir}/data`, '-m', 'immediate', '-w', 'stop']);
+  }
+
+  /** Freezes the cluster (the server and its sessions stop answering, their sockets stay open), or thaws it. */
+  pause(): void {
+    this.signal('SIGSTOP');
+  }
+
+  resume(): void {
+    this.signal('SIGCONT');
+  }
+
+  private signal(signal: NodeJS.Signals): void {
+    const main = Number(readFileSync(join(this.dir, 'data', 'postmaster.pid'), 'utf8').split('\n')[0]);
+    const children = spawnSync('pgrep', ['-P', String(main)], { encoding: 'utf8' }).stdout.trim().split(/\s+/).filter(Boolean).map(Number);
+    for (const pid of [main, ...children]) process.kill(pid, signal);
   }
 
   async remove(): Promise<void> {
