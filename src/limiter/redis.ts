@@ -69,18 +69,18 @@ const BATCH_FUNCTION = batchFunction(createHash('sha1').update(BATCH_LIBRARY).di
 const FCALL_REFUSED = /^ERR Function not found|^NOPERM.*'fcall'/i;
 
 /**
- * Closes a client without waiting on a Redis that is away (a drain must end): QUIT when
- * connected, so what was sent gets its answers, for at most `ms`; otherwise, or past that,
- * the connection is dropped. (QUIT on a client that is reconnecting waits for a connection.)
+ * Closes a client without waiting on a Redis that is away (a drain must end): when connected,
+ * once what was sent has its answers, for at most `ms`; otherwise, or past that, the connection
+ * is cut. (QUIT on a client that is reconnecting waited for a connection that never came.)
  */
-export async function closeRedisClient(client: Pick<RedisClientType, 'isOpen' | 'isReady' | 'quit' | 'destroy'>, ms: number): Promise<void> {
+export async function closeRedisClient(client: Pick<RedisClientType, 'isOpen' | 'isReady' | 'close' | 'destroy'>, ms: number): Promise<void> {
   if (!client.isOpen) return;
   if (!client.isReady) return client.destroy();
   let timer: NodeJS.Timeout | undefined;
-  const quit = client.quit().then(() => true, () => false);
-  const inTime = await Promise.race([quit, new Promise<boolean>((resolve) => { timer = setTimeout(() => resolve(false), ms); })]);
+  const closed = client.close().then(() => true, () => false);
+  const inTime = await Promise.race([closed, new Promise<boolean>((resolve) => { timer = setTimeout(() => resolve(false), ms); })]);
   clearTimeout(timer);
-  if (!inTime && client.isOpen) client.destroy();
+  if (!inTime) client.destroy();
 }
 
 /** Loads the optional `redis` package only when the config asks for it. */

@@ -138,7 +138,10 @@ describe('kill -9 of one of two instances on one PostgreSQL ledger, under load',
 
 describe('PostgreSQL frozen when the gateway closes', { skip: noPrivateCluster }, () => {
   const pg = new PostgresServer();
-  after(() => pg.remove());
+  after(async () => {
+    pg.resume();
+    await pg.remove();
+  });
 
   test('the drain ends: closing the ledger and the admin state does not wait for a database that never answers', async () => {
     await pg.start();
@@ -147,10 +150,12 @@ describe('PostgreSQL frozen when the gateway closes', { skip: noPrivateCluster }
     const models = await fetch(`${url}/v1/models`, { headers: { authorization: 'Bearer sk-alice' } });
     assert.equal(models.status, 200);
     await models.arrayBuffer();
-    pg.pause(); // its sockets stay open; nothing answers, nothing closes
     try {
+      pg.pause(); // its sockets stay open; nothing answers, nothing closes
       const t0 = Date.now();
-      const outcome = await Promise.race([gw.close().then(() => 'closed'), new Promise((r) => setTimeout(() => r('still waiting'), 15_000))]);
+      let timer: NodeJS.Timeout | undefined;
+      const outcome = await Promise.race([gw.close().then(() => 'closed'), new Promise((r) => { timer = setTimeout(() => r('still waiting'), 15_000); })]);
+      clearTimeout(timer);
       assert.equal(outcome, 'closed');
       assert.ok(Date.now() - t0 < 10_000, `closed in ${Date.now() - t0} ms`);
     } finally {

@@ -91,10 +91,18 @@ export class PostgresServer {
     this.signal('SIGCONT');
   }
 
+  /** The server first (so it forks no session meanwhile), then its sessions; one that ended meanwhile is skipped. */
   private signal(signal: NodeJS.Signals): void {
     const main = Number(readFileSync(join(this.dir, 'data', 'postmaster.pid'), 'utf8').split('\n')[0]);
+    process.kill(main, signal);
     const children = spawnSync('pgrep', ['-P', String(main)], { encoding: 'utf8' }).stdout.trim().split(/\s+/).filter(Boolean).map(Number);
-    for (const pid of [main, ...children]) process.kill(pid, signal);
+    for (const pid of children) {
+      try {
+        process.kill(pid, signal);
+      } catch {
+        // ended meanwhile
+      }
+    }
   }
 
   async remove(): Promise<void> {
