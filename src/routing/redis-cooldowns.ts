@@ -23,7 +23,7 @@ redis.call('SET', KEYS[1], '1', 'PX', ms)
 redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1`;
 
-/** How long closing waits for Redis to answer QUIT. */
+/** How long closing waits for the answers still due before it cuts the connections. */
 const CLOSE_MS = 1000;
 
 export interface RedisCooldownsOptions {
