@@ -10,6 +10,8 @@ import { BATCH } from '../../src/limiter/redis-scripts.js';
 import type { AccountLimits, Decision, KeyLimits, Ticket } from '../../src/limiter/types.js';
 import { hasRedis, RedisServer } from '../helpers/redis-server.js';
 
+type RedisClient = ReturnType<typeof createClient>;
+
 /**
  * The Redis limiter batches the admissions, settlements and releases of one account made in one
  * turn of the event loop into one script call: decisions stay exact, ops keep their order, a bad
@@ -34,6 +36,16 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     await server.stop();
   });
 
+  /** A plain client of the test's own, for raw commands; quit at the end. */
+  const withClient = async (use: (client: RedisClient) => Promise<void>) => {
+    const client: RedisClient = createClient({ url: server.url });
+    await client.connect();
+    try {
+      await use(client);
+    } finally {
+      await client.quit();
+    }
+  };
   const cli = (...args: string[]) => spawnSync('redis-cli', ['-p', String(server.port), ...args], { encoding: 'utf8' }).stdout.trim();
   /** BATCH calls since the last reset (FCALL; the other scripts are EVALSHA). */
   const batchCalls = () => Number(/cmdstat_fcall:calls=(\d+)/.exec(cli('info', 'commandstats'))?.[1] ?? 0);
@@ -128,9 +140,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
   }
 
   test('a call of the BATCH function starts from nothing: what one call kept in Lua (a reservation made in it) is not seen by the next', async () => {
-    const client = createClient({ url: server.url });
-    await client.connect();
-    try {
+    await withClient(async (client) => {
       const name = /mg_batch_[0-9a-f]{16}/.exec(cli('function', 'list'))![0];
       const p = `fn${randomBytes(3).toString('hex')}{a}`;
       const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
@@ -141,9 +151,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
       assert.deepEqual(await fcall('r', 'u1', '0'), [1]);
       assert.equal(await client.hGet(`${p}:m`, 'resv'), '7');
       assert.equal(await client.hGet(`${p}:r`, 'u1'), '7');
-    } finally {
-      await client.quit();
-    }
+    });
   });
 
   test('a turn with more than 256 ops of one account: split into calls of 256, still in order, still exact', async () => {
@@ -207,9 +215,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
   });
 
   test('the batch script checks each op on its own: a bad op answers its error, writes nothing, and the others run', async () => {
-    const client = createClient({ url: server.url });
-    await client.connect();
-    try {
+    await withClient(async (client) => {
       const p = `raw${randomBytes(3).toString('hex')}{a}`;
       const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
       const idem = `${p}:i:x`;
@@ -224,24 +230,22 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
         keys: [...keys, idem, idem, idem, idem],
         arguments: ['0', '30000', ...admit('t1', '10'), ...admit('t2', '1e9999'), ...admit('t3', '10'),
           's', 't1', '-4', '0', '5', 's', 't1', '4', '0', '-5', 's', 't1', '4', '0', '5', 'ri', 't1', '0'],
-      });
-      assert.deepEqual(reply, [
-        'ok',
-        ['error', 'ERR model-gateway: invalid argument limits'],
-        ['idempotency_conflict', 0, 0], // t1 holds the key: t2 took nothing, t3 ran after t1
-        ['error', 'ERR model-gateway: invalid argument cost'],
-        ['error', 'ERR model-gateway: invalid argument est'],
-        0,
-        1,
-      ]);
-      assert.equal(await client.zCard(`${p}:s`), 0, 't1 released');
-      assert.equal(await client.hGet(`${p}:m`, 'spent'), '4');
-      assert.equal(await client.hGet(`${p}:m`, 'resv'), '0');
-      assert.equal(await client.hGet(`${p}:wn`, 'n'), '1', 'one admission counted: the bad one and the conflict took nothing');
-      await assert.rejects(client.eval(BATCH, { keys, arguments: ['2', '30000'] }), /invalid argument flag/);
-    } finally {
-      await client.quit();
-    }
+    });
+    assert.deepEqual(reply, [
+      'ok',
+      ['error', 'ERR model-gateway: invalid argument limits'],
+      ['idempotency_conflict', 0, 0], // t1 holds the key: t2 took nothing, t3 ran after t1
+      ['error', 'ERR model-gateway: invalid argument cost'],
+      ['error', 'ERR model-gateway: invalid argument est'],
+      0,
+      1,
+    ]);
+    assert.equal(await client.zCard(`${p}:s`), 0, 't1 released');
+    assert.equal(await client.hGet(`${p}:m`, 'spent'), '4');
+    assert.equal(await client.hGet(`${p}:m`, 'resv'), '0');
+    assert.equal(await client.hGet(`${p}:wn`, 'n'), '1', 'one admission counted: the bad one and the conflict took nothing');
+    await assert.rejects(client.eval(BATCH, { keys, arguments: ['2', '30000'] }), /invalid argument flag/);
+    });
   });
 
   test('\'restore\' in a batch: the money is rebuilt from the ledger once, the reservations of calls in flight kept, then each op that answered \'restore\' runs again', async () => {
@@ -269,9 +273,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
   });
 
   test('a reservation is given back once: a settlement after its lease ran out (and an admission expired it) takes nothing back again', async () => {
-    const client = createClient({ url: server.url });
-    await client.connect();
-    try {
+    await withClient(async (client) => {
       const p = `once${randomBytes(3).toString('hex')}{a}`;
       const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
       const admit = (id: string, lease: string) => client.eval(BATCH, { keys, arguments: ['0', lease, 'a', id, '-1,-1,-1,-1,-1', '5', '00'] });
@@ -287,9 +289,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
       assert.equal(await client.hGet(`${p}:m`, 'spent'), '4', 'the late settlement is still charged');
       assert.deepEqual(await client.eval(BATCH, { keys, arguments: ['0', '30000', 'r', 't2', '5'] }), [1]);
       assert.equal(await client.hGet(`${p}:m`, 'resv'), '0', 'an unsettled release gives its reservation back');
-    } finally {
-      await client.quit();
-    }
+    });
   });
 
   test('a reservation goes back with one HDEL: the settlement carries it, and a release after a settlement that answered looks for nothing; a release whose settlement is still out gives it back itself, once', async () => {
@@ -311,9 +311,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
   });
 
   test('leases and reservations of one call are written once at its end: counted for the concurrency checks before, taken back by a release in the same call, and the key\'s set given its time to live', async () => {
-    const client = createClient({ url: server.url });
-    await client.connect();
-    try {
+    await withClient(async (client) => {
       const p = `pend${randomBytes(3).toString('hex')}{a}`;
       const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
       const ks = [`${p}:kwt`, `${p}:kwn`, `${p}:ks`];
@@ -325,25 +323,23 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
       const reply = await client.eval(BATCH, {
         keys: [...keys, ...ks, ...ks, ...ks, `${p}:ks`, ...ks],
         arguments: ['0', '30000', ...admitK('t1'), ...admitK('t2'), ...admitK('t3'), ...admit('t4'), ...admit('t5'), 'rk', 't1', '7', ...admitK('t6')],
-      });
-      assert.deepEqual(reply, ['ok', 'ok', ['concurrency_limit_exceeded', 1000, 0], 'ok', ['concurrency_limit_exceeded', 1000, 0], 1, 'ok']);
-      assert.deepEqual((await client.zRange(`${p}:s`, 0, -1)).sort(), ['t2', 't4', 't6']);
-      assert.deepEqual((await client.zRange(`${p}:ks`, 0, -1)).sort(), ['t2', 't6']);
-      const ttl = await client.pTTL(`${p}:ks`);
-      assert.ok(ttl > 50_000 && ttl <= 60_000, `the key's set lives twice the lease (PTTL ${ttl})`);
-      assert.deepEqual(await client.hGetAll(`${p}:r`), { t2: '7', t4: '7', t6: '7' }, 't1\'s reservation never written');
-      assert.equal(await client.hGet(`${p}:m`, 'resv'), '21');
-      // An id taken twice in one call is refused; a release that says 0 (its settlement answered)
-      // still takes back a reservation made in the same call.
-      const again = await client.eval(BATCH, {
-        keys, arguments: ['0', '30000', 'a', 'u1', '-1,-1,-1,-1,-1', '7', '00', 'a', 'u1', '-1,-1,-1,-1,-1', '7', '00', 'r', 'u1', '0'],
-      });
-      assert.deepEqual(again, ['ok', ['error', 'ERR model-gateway: invalid argument id'], 1]);
-      assert.equal(await client.hGet(`${p}:m`, 'resv'), '21', 'u1\'s 7 came back, once');
-      assert.equal(Number(await client.hExists(`${p}:r`, 'u1')), 0);
-    } finally {
-      await client.quit();
-    }
+    });
+    assert.deepEqual(reply, ['ok', 'ok', ['concurrency_limit_exceeded', 1000, 0], 'ok', ['concurrency_limit_exceeded', 1000, 0], 1, 'ok']);
+    assert.deepEqual((await client.zRange(`${p}:s`, 0, -1)).sort(), ['t2', 't4', 't6']);
+    assert.deepEqual((await client.zRange(`${p}:ks`, 0, -1)).sort(), ['t2', 't6']);
+    const ttl = await client.pTTL(`${p}:ks`);
+    assert.ok(ttl > 50_000 && ttl <= 60_000, `the key's set lives twice the lease (PTTL ${ttl})`);
+    assert.deepEqual(await client.hGetAll(`${p}:r`), { t2: '7', t4: '7', t6: '7' }, 't1\'s reservation never written');
+    assert.equal(await client.hGet(`${p}:m`, 'resv'), '21');
+    // An id taken twice in one call is refused; a release that says 0 (its settlement answered)
+    // still takes back a reservation made in the same call.
+    const again = await client.eval(BATCH, {
+      keys, arguments: ['0', '30000', 'a', 'u1', '-1,-1,-1,-1,-1', '7', '00', 'a', 'u1', '-1,-1,-1,-1,-1', '7', '00', 'r', 'u1', '0'],
+    });
+    assert.deepEqual(again, ['ok', ['error', 'ERR model-gateway: invalid argument id'], 1]);
+    assert.equal(await client.hGet(`${p}:m`, 'resv'), '21', 'u1\'s 7 came back, once');
+    assert.equal(Number(await client.hExists(`${p}:r`, 'u1')), 0);
+    });
   });
 
   test('a hostile amount fails its own call at the door and leaves the batch alone', async () => {
