@@ -8,7 +8,9 @@
  * holding back only the releases, which nothing waits for, measured worse too: they then
  * delay the calls that something waits for.) Ops of one account keep
  * their order; accounts are never mixed in one call (all of a call's keys share the account's
- * hash tag, as on Redis Cluster). All the calls sent at once share one deadline timer.
+ * hash tag, as on Redis Cluster). All the calls sent at once share one deadline timer; a reply
+ * that comes after it still reaches the ops that ask for it (an admission Redis ran after its
+ * request was refused gives its slot back at once, not when its lease runs out).
  */
 
 /** One op waiting for its account's batch: its own keys, its arguments (kind first), its callbacks. */
@@ -17,6 +19,11 @@ export interface BatchOp {
   readonly args: readonly string[];
   readonly resolve: (reply: unknown) => void;
   readonly reject: (err: Error) => void;
+  /**
+   * The op's reply when it came after the call's deadline (the op was rejected then, but Redis
+   * ran it): an admission gives back what it took, which nothing else would release.
+   */
+  readonly late?: (reply: unknown) => void;
 }
 
 /** Sends one account's ops as one call: resolves to one reply per op, in order. */
@@ -24,6 +31,13 @@ export type SendBatch = (accountKeys: readonly string[], ops: readonly BatchOp[]
 
 /** Most ops in one script call: a larger turn is split, so one call never holds Redis long. */
 const MAX_OPS_PER_CALL = 256;
+
+/** One call's ops; `late` once its deadline failed them before Redis answered. */
+interface Call {
+  readonly ops: BatchOp[];
+  done: boolean;
+  late: boolean;
+}
 
 interface Queue {
   readonly keys: readonly string[];
@@ -87,12 +101,12 @@ export class BatchQueue {
   };
 
   private sendAll(queues: Queue[]): void {
-    const calls: { ops: BatchOp[]; done: boolean }[] = [];
+    const calls: Call[] = [];
     for (const q of queues) {
-      for (let i = 0; i < q.ops.length; i += MAX_OPS_PER_CALL) calls.push({ ops: q.ops.slice(i, i + MAX_OPS_PER_CALL), done: false });
+      for (let i = 0; i < q.ops.length; i += MAX_OPS_PER_CALL) calls.push({ ops: q.ops.slice(i, i + MAX_OPS_PER_CALL), done: false, late: false });
     }
     let open = calls.length;
-    const fail = (call: { ops: BatchOp[]; done: boolean }, cause: Error | null) => {
+    const fail = (call: Call, cause: Error | null) => {
       if (call.done) return;
       call.done = true;
       const err = this.failure(cause);
@@ -100,7 +114,10 @@ export class BatchQueue {
     };
     // One deadline for every call sent now: a Redis that stops answering fails them all.
     const timer = setTimeout(() => {
-      for (const call of calls) fail(call, null);
+      for (const call of calls) {
+        if (!call.done) call.late = true;
+        fail(call, null);
+      }
     }, this.timeoutMs);
     const settled = () => {
       if (--open === 0) clearTimeout(timer);
@@ -117,6 +134,7 @@ export class BatchQueue {
         }
         sent.then((reply) => {
           settled();
+          if (call.late) this.deliverLate(call.ops, reply);
           if (call.done) return;
           call.done = true;
           this.deliver(call.ops, reply);
@@ -125,6 +143,15 @@ export class BatchQueue {
           fail(call, err);
         });
       }
+    }
+  }
+
+  /** A reply that came after the deadline: each op that asked for it gets its own. */
+  private deliverLate(ops: BatchOp[], reply: unknown): void {
+    const replies = Array.isArray(reply) ? reply : [];
+    for (let i = 0; i < ops.length; i++) {
+      const late = ops[i]!.late;
+      if (late !== undefined && replies[i] !== undefined && replies[i] !== null) late(replies[i]);
     }
   }
 

@@ -314,7 +314,12 @@ export class RedisLimiter implements Limiter {
       `${n(account.rpm)},${n(account.concurrency)},${n(limited ? key.rpm : null)},${n(limited ? key.concurrency : null)},${n(account.dailyCapMicro)}`,
       n(estimateMicro), `${account.prepaid ? '1' : '0'}${instant ? '1' : '0'}`,
     ];
-    return this.withMoney(account.id, () => this.queue(account.id, keys, args)).then((r) => {
+    // Should the reply miss the deadline (the request then gets a 503) and still say admitted,
+    // what the admission took is given back at once, not when its leases run out.
+    const late = instant ? undefined : (reply: unknown) => {
+      if (reply === 'ok') this.release(new RedisTicket(id, account.id, limited ? k : null, idempotencyKey, account.prepaid, estimateMicro ?? 0));
+    };
+    return this.withMoney(account.id, () => this.queue(account.id, keys, args, late)).then((r) => {
       if (r === 'ok') return null;
       const [reason, wait, resetsAt] = r as [string, number, number];
       return new Rejection(reason as RejectReason, Number(wait), Number(resetsAt));
@@ -399,10 +404,10 @@ export class RedisLimiter implements Limiter {
    * resolves to the op's own reply. Fails closed like `eval`: at once when Redis is away, and
    * at the batch's deadline when it does not answer.
    */
-  private queue(accountId: string, keys: readonly string[], args: readonly string[]): Promise<unknown> {
+  private queue(accountId: string, keys: readonly string[], args: readonly string[], late?: (reply: unknown) => void): Promise<unknown> {
     if (!this.client.isReady) return Promise.reject(new GatewayError('limiter_unavailable', { retryAfterS: 1 }));
     return new Promise((resolve, reject) => {
-      this.batch.push(accountId, () => this.accountKeys(this.tag(accountId)), { keys, args, resolve, reject });
+      this.batch.push(accountId, () => this.accountKeys(this.tag(accountId)), { keys, args, resolve, reject, late });
     });
   }
 
