@@ -185,6 +185,11 @@ export function median(values: number[]): number {
   return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
 }
 
+/** The mean of `pick` over `items` (a round of a target run as several processes). */
+export function mean<T>(items: readonly T[], pick: (item: T) => number): number {
+  return items.reduce((sum, item) => sum + pick(item), 0) / items.length;
+}
+
 export const round3 = (x: number): number => Math.round(x * 1000) / 1000;
 export const fmtInt = (n: number): string => Math.round(n).toLocaleString('en-US');
 /** Microseconds as milliseconds. */

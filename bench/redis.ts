@@ -36,7 +36,7 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import type { RedisLimiter as RedisLimiterType } from '../dist/limiter/redis.js';
 import {
-  choices, fmtInt, fmtMs, fmtRatio, fmtUs, int, ints, median, metText, num, parseFlags, pct, round3, runMain, runRounds, statusText, type FlagValues,
+  choices, fmtInt, fmtMs, fmtRatio, fmtUs, int, ints, mean, median, metText, num, parseFlags, pct, round3, Rounds, runMain, runRounds, statusText, type FlagValues,
 } from './cli.js';
 import { checkChat, checkModels, type CheckResult } from './load.js';
 import {
@@ -255,21 +255,20 @@ async function throughput(p: Phase, servers: Record<Limiter, Child[]>, redisPid:
   // A limiter's round: the mean over its processes (percentiles: the median of theirs).
   const ofRound = (t: Limiter, round: number) => {
     const runs = servers[t].map((s) => rounds.results[s.name]![round]!);
-    const mean = (pick: (r: RunResult) => number) => runs.reduce((sum, r) => sum + pick(r), 0) / runs.length;
     return {
-      rps: mean((r) => r.rps), p50Us: median(runs.map((r) => q(r, 0.5))), p99Us: median(runs.map((r) => q(r, 0.99))),
-      p999Us: median(runs.map((r) => q(r, 0.999))), cpuUsPerReq: mean((r) => perReq(r, 'gateway') ?? NaN), redisUs: mean((r) => perReq(r, 'redis') ?? NaN),
+      rps: mean(runs, (r) => r.rps), p50Us: median(runs.map((r) => q(r, 0.5))), p99Us: median(runs.map((r) => q(r, 0.99))),
+      p999Us: median(runs.map((r) => q(r, 0.999))), cpuUsPerReq: mean(runs, (r) => perReq(r, 'gateway') ?? NaN), redisUs: mean(runs, (r) => perReq(r, 'redis') ?? NaN),
     };
   };
-  const perRound = Object.fromEntries(LIMITERS.map((t) => [t, Array.from({ length: rounds.count }, (_, i) => ofRound(t, i))])) as Record<Limiter, ReturnType<typeof ofRound>[]>;
+  const perRound = new Rounds(Object.fromEntries(LIMITERS.map((t) => [t, Array.from({ length: rounds.count }, (_, i) => ofRound(t, i))])) as Record<Limiter, ReturnType<typeof ofRound>[]>);
   const side = (t: Limiter): Side => {
-    const med = (pick: (f: ReturnType<typeof ofRound>) => number) => median(perRound[t].map(pick));
+    const med = (pick: (f: ReturnType<typeof ofRound>) => number) => perRound.median(t, pick);
     return { rps: med((f) => f.rps), p50Us: med((f) => f.p50Us), p99Us: med((f) => f.p99Us), p999Us: med((f) => f.p999Us), cpuUsPerReq: med((f) => f.cpuUsPerReq) };
   };
   const [m, r] = [side('memory'), side('redis')];
   const result: PhaseResult = {
-    memory: m, redis: r, ratio: r.rps / m.rps, paired: median(perRound.redis.map((f, i) => f.rps / perRound.memory[i]!.rps)),
-    redisCpuUsPerReq: median(perRound.redis.map((f) => f.redisUs)), steal, failures,
+    memory: m, redis: r, ratio: r.rps / m.rps, paired: perRound.paired('redis', 'memory', (f) => f.rps),
+    redisCpuUsPerReq: perRound.median('redis', (f) => f.redisUs), steal, failures,
   };
   for (const t of LIMITERS) {
     const s = result[t];

@@ -28,7 +28,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { cpus, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import {
-  bool, fmtInt, fmtMs, fmtRatio, fmtUs, int, median, metText, num, parseFlags, path, pct, round3, Rounds, runMain, runRounds, statusText,
+  bool, fmtInt, fmtMs, fmtRatio, fmtUs, int, mean, median, metText, num, parseFlags, path, pct, round3, Rounds, runMain, runRounds, statusText,
 } from './cli.js';
 import { clean, load, type ExpectedModel, type LoadResult } from './load.js';
 import { machineCpu, non200, stealShare, startChild, stopChild, type Child } from './rawhttp.js';
@@ -98,15 +98,14 @@ function row(name: string, r: Result, base: Result | undefined): string {
 
 /** One round of a target: the mean over its processes (percentiles: the median of theirs). */
 function combine(runs: Result[]): Result {
-  const mean = (pick: (r: Result) => number) => runs.reduce((sum, r) => sum + pick(r), 0) / runs.length;
-  const meanOrNull = (pick: (r: Result) => number | null) => (runs.every((r) => pick(r) !== null) ? mean((r) => pick(r)!) : null);
+  const meanOrNull = (pick: (r: Result) => number | null) => (runs.every((r) => pick(r) !== null) ? mean(runs, (r) => pick(r)!) : null);
   const statuses: Record<string, number> = {};
   for (const r of runs) for (const [status, n] of Object.entries(r.statuses)) statuses[status] = (statuses[status] ?? 0) + n;
   return {
     ...runs[0]!,
-    rps: mean((r) => r.rps),
+    rps: mean(runs, (r) => r.rps),
     requests: runs.reduce((n, r) => n + r.requests, 0),
-    elapsedS: mean((r) => r.elapsedS),
+    elapsedS: mean(runs, (r) => r.elapsedS),
     p50Us: median(runs.map((r) => r.p50Us)),
     p99Us: median(runs.map((r) => r.p99Us)),
     p999Us: median(runs.map((r) => r.p999Us)),
@@ -114,7 +113,7 @@ function combine(runs: Result[]): Result {
     statuses,
     badBodies: runs.reduce((n, r) => n + r.badBodies, 0),
     errors: runs.reduce((n, r) => n + r.errors, 0),
-    loaderCpu: mean((r) => r.loaderCpu),
+    loaderCpu: mean(runs, (r) => r.loaderCpu),
     serverCpu: meanOrNull((r) => r.serverCpu),
     steal: meanOrNull((r) => r.steal),
     cpuUsPerReq: meanOrNull((r) => r.cpuUsPerReq),
