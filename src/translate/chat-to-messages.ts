@@ -190,8 +190,13 @@ function stream(call: Translation): (event: string | null) => string {
   let tools = -1;
   const toolOf = new Map<unknown, number>();
   let done = false;
-  const chunk = (delta: Record<string, unknown>, finish: string | null = null) =>
-    dataEvent({ id, object: 'chat.completion.chunk', created, model: call.model, choices: [{ index: 0, delta, logprobs: null, finish_reason: finish }] });
+  // A chunk's text is what JSON.stringify of the whole chunk gives, with the part before its
+  // delta built once per id: a stream is mostly chunks of one short delta each.
+  let head = '';
+  const chunk = (delta: Record<string, unknown>, finish: string | null = null) => {
+    if (head === '') head = `data: {"id":${JSON.stringify(id)},"object":"chat.completion.chunk","created":${JSON.stringify(created)},"model":${JSON.stringify(call.model)},"choices":[{"index":0,"delta":`;
+    return `${head}${JSON.stringify(delta)},"logprobs":null,"finish_reason":${JSON.stringify(finish)}}]}\n\n`;
+  };
   const finish = () => {
     if (done) return '';
     done = true;
@@ -208,7 +213,10 @@ function stream(call: Translation): (event: string | null) => string {
     switch (msg.type) {
       case 'message_start': {
         const m = isObj(msg.message) ? msg.message : {};
-        if (typeof m.id === 'string') id = `chatcmpl-${m.id}`;
+        if (typeof m.id === 'string') {
+          id = `chatcmpl-${m.id}`;
+          head = '';
+        }
         if (isObj(m.usage)) usage = { ...m.usage };
         return chunk({ role: 'assistant', content: '' });
       }

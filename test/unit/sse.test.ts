@@ -79,3 +79,23 @@ test('eventName reads the name line wherever it is, with or without the space; e
   assert.equal(eventData('event: x\ndata: a\ndata:b\n\n'), 'a\nb');
   assert.equal(eventData('event: x\n\n'), null);
 });
+
+test('eventData reads any text line by line as a split on "\\n" would (random events against the plain reading)', () => {
+  const plain = (event: string): string | null => {
+    let data: string | null = null;
+    for (const line of event.split('\n')) {
+      if (!line.startsWith('data:')) continue;
+      const value = line.charCodeAt(5) === 32 ? line.slice(6) : line.slice(5);
+      data = data === null ? value : `${data}\n${value}`;
+    }
+    return data;
+  };
+  const pieces = ['data:', 'data: ', ' ', '\n', '\n\n', 'x', ':', 'event: e', 'dat', 'a:', '\r', '{"a":1}', 'é'];
+  let seed = 7;
+  const next = () => (seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648;
+  for (let i = 0; i < 5000; i++) {
+    let event = '';
+    for (let n = Math.floor(next() * 12); n > 0; n--) event += pieces[Math.floor(next() * pieces.length)];
+    assert.equal(eventData(event), plain(event), JSON.stringify(event));
+  }
+});

@@ -153,6 +153,14 @@ describe('chat client -> Anthropic provider', () => {
     assert.equal((finish!.choices as Array<{ finish_reason: string }>)[0]!.finish_reason, 'tool_calls');
     assert.deepEqual(chunks.at(-1)!.usage, { prompt_tokens: 472 + 2048 + 100, completion_tokens: 89, total_tokens: 2620 + 89, prompt_tokens_details: { cached_tokens: 2048 } });
     assert.ok(chunks.every((c) => c.model === 'gw-model' && c.id === 'chatcmpl-msg_014p7gG3wDgGV9EUtLvnow3U'));
+    // Each chunk is byte for byte JSON.stringify of the chunk object (its head is built once per id).
+    for (const event of whole.split('\n\n').filter((e) => e !== '' && e !== 'data: [DONE]')) {
+      const c = JSON.parse(eventData(`${event}\n\n`)!) as Record<string, unknown>;
+      const choices = c.choices as Array<Record<string, unknown>>;
+      const rebuilt = choices.length === 0 ? { id: c.id, object: c.object, created: c.created, model: c.model, choices, usage: c.usage }
+        : { id: c.id, object: c.object, created: c.created, model: c.model, choices: [{ index: 0, delta: choices[0]!.delta, logprobs: null, finish_reason: choices[0]!.finish_reason }] };
+      assert.equal(`${event}\n\n`, `data: ${JSON.stringify(rebuilt)}\n\n`);
+    }
   });
 
   test('stream: no usage chunk unless the client asked; a provider error mid-stream is an error chunk', () => {
