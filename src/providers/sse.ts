@@ -109,3 +109,26 @@ export function eventData(event: string): string | null {
   }
   return data;
 }
+
+/** How many events' parsed data `parseData` remembers. */
+const REMEMBERED = 16;
+const rememberedData: string[] = new Array<string>(REMEMBERED).fill('');
+const rememberedValue: unknown[] = new Array<unknown>(REMEMBERED).fill(null);
+let rememberedAt = 0;
+
+/**
+ * JSON.parse of an event's data (throws as it does), remembered for the last few events: a
+ * translated stream's events are parsed by the metering watcher and then, when the relay hands
+ * them on, by the translation, which finds the first parse here. The value may be shared
+ * between those two readers (and any call that saw the same data): read it, never change it.
+ */
+export function parseData(data: string): unknown {
+  if (data !== '') {
+    for (let i = 0; i < REMEMBERED; i++) if (rememberedData[i] === data) return rememberedValue[i];
+  }
+  const value = JSON.parse(data) as unknown;
+  rememberedData[rememberedAt] = data;
+  rememberedValue[rememberedAt] = value;
+  rememberedAt = (rememberedAt + 1) % REMEMBERED;
+  return value;
+}

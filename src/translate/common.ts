@@ -1,5 +1,6 @@
 import { hash } from 'node:crypto';
 import { isObj } from '../protocols/common.js';
+import { parseData } from '../providers/sse.js';
 
 /** What the directions share: refusals, ids and names both protocols accept, images, SSE text. */
 
@@ -94,7 +95,7 @@ export function answerArguments(args: unknown): Record<string, unknown> {
 export function eventObject(data: string | null): Record<string, unknown> | null {
   if (data === null) return null;
   try {
-    const parsed = JSON.parse(data) as unknown;
+    const parsed = parseData(data);
     return isObj(parsed) ? parsed : null;
   } catch {
     return null;

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
 import { describe, test } from 'node:test';
-import { eventData, eventName, EventTooLarge, SseSplitter } from '../../src/providers/sse.js';
+import { eventData, eventName, EventTooLarge, parseData, SseSplitter } from '../../src/providers/sse.js';
 import { rng } from '../helpers/fake-clock.js';
 
 /** The reference: the whole stream at once, line ends normalised, split at blank lines. */
@@ -98,4 +98,15 @@ test('eventData reads any text line by line as a split on "\\n" would (random ev
     for (let n = Math.floor(next() * 12); n > 0; n--) event += pieces[Math.floor(next() * pieces.length)];
     assert.equal(eventData(event), plain(event), JSON.stringify(event));
   }
+});
+
+test('parseData answers as JSON.parse, from memory for data it parsed lately, and throws as it does', () => {
+  const datas = Array.from({ length: 40 }, (_, i) => JSON.stringify({ type: 'content_block_delta', index: i % 3, delta: { type: 'text_delta', text: `t${i}` } }));
+  for (let round = 0; round < 3; round++) {
+    for (const d of datas) assert.deepEqual(parseData(d), JSON.parse(d));
+  }
+  const recent = '{"type":"message_stop"}';
+  assert.equal(parseData(recent), parseData(recent), 'the second parse of the same data is the first one\'s value');
+  for (const bad of ['', '{', '{"a":1}x', 'undefined']) assert.throws(() => parseData(bad), SyntaxError, JSON.stringify(bad));
+  assert.equal(parseData('null'), null);
 });
