@@ -110,8 +110,9 @@ export function eventData(event: string): string | null {
   return data;
 }
 
-/** How many events' parsed data `parseData` remembers. */
+/** How many events' parsed data `parseData` remembers, and the longest data it keeps. */
 const REMEMBERED = 16;
+const REMEMBERED_CHARS = 4096;
 const rememberedData: string[] = new Array<string>(REMEMBERED).fill('');
 const rememberedValue: unknown[] = new Array<unknown>(REMEMBERED).fill(null);
 let rememberedAt = 0;
@@ -119,14 +120,18 @@ let rememberedAt = 0;
 /**
  * JSON.parse of an event's data (throws as it does), remembered for the last few events: a
  * translated stream's events are parsed by the metering watcher and then, when the relay hands
- * them on, by the translation, which finds the first parse here. The value may be shared
- * between those two readers (and any call that saw the same data): read it, never change it.
+ * them on, by the translation, which finds the first parse here. Only short data is kept (a
+ * token's delta, not a long tool input), so what stays in memory is small. The value may be
+ * shared between those two readers (and any call that saw the same data): read it, never
+ * change it.
  */
 export function parseData(data: string): unknown {
-  if (data !== '') {
+  const short = data.length <= REMEMBERED_CHARS;
+  if (short && data !== '') {
     for (let i = 0; i < REMEMBERED; i++) if (rememberedData[i] === data) return rememberedValue[i];
   }
   const value = JSON.parse(data) as unknown;
+  if (!short) return value;
   rememberedData[rememberedAt] = data;
   rememberedValue[rememberedAt] = value;
   rememberedAt = (rememberedAt + 1) % REMEMBERED;

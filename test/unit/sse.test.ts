@@ -109,4 +109,7 @@ test('parseData answers as JSON.parse, from memory for data it parsed lately, an
   assert.equal(parseData(recent), parseData(recent), 'the second parse of the same data is the first one\'s value');
   for (const bad of ['', '{', '{"a":1}x', 'undefined']) assert.throws(() => parseData(bad), SyntaxError, JSON.stringify(bad));
   assert.equal(parseData('null'), null);
+  const long = JSON.stringify({ text: 'x'.repeat(5000) });
+  assert.notEqual(parseData(long), parseData(long), 'long data is parsed each time, never kept');
+  assert.deepEqual(parseData(long), JSON.parse(long));
 });
