@@ -110,30 +110,47 @@ export function eventData(event: string): string | null {
   return data;
 }
 
-/** How many events' parsed data `parseData` remembers, and the longest data it keeps. */
-const REMEMBERED = 16;
-const REMEMBERED_CHARS = 4096;
-const rememberedData: string[] = new Array<string>(REMEMBERED).fill('');
-const rememberedValue: unknown[] = new Array<unknown>(REMEMBERED).fill(null);
-let rememberedAt = 0;
+/** Parses handed on and not yet taken, at most (beyond it they are dropped and parsed again). */
+const MAX_PENDING = 256;
 
 /**
- * JSON.parse of an event's data (throws as it does), remembered for the last few events: a
- * translated stream's events are parsed by the metering watcher and then, when the relay hands
- * them on, by the translation, which finds the first parse here. Only short data is kept (a
- * token's delta, not a long tool input), so what stays in memory is small. The value may be
- * shared between those two readers (and any call that saw the same data): read it, never
- * change it.
+ * One call's event data, parsed once for two readers: the stream's metering watcher parses
+ * each event (`parse`), and a translation that reads the same events next, in the same order,
+ * takes that parse (`take`) instead of parsing again. Only parses not yet taken are kept, by
+ * this call alone; data that does not match what was parsed is parsed again. A value may be
+ * read by both: never change it.
  */
-export function parseData(data: string): unknown {
-  const short = data.length <= REMEMBERED_CHARS;
-  if (short && data !== '') {
-    for (let i = 0; i < REMEMBERED; i++) if (rememberedData[i] === data) return rememberedValue[i];
+export class ParsedEvents {
+  private readonly data: string[] = [];
+  private readonly values: unknown[] = [];
+  private next = 0;
+
+  /** JSON.parse of `data` (throws as it does), kept for `take`. */
+  parse(data: string): unknown {
+    const value = JSON.parse(data) as unknown;
+    if (this.data.length >= MAX_PENDING) this.clear();
+    this.data.push(data);
+    this.values.push(value);
+    return value;
   }
-  const value = JSON.parse(data) as unknown;
-  if (!short) return value;
-  rememberedData[rememberedAt] = data;
-  rememberedValue[rememberedAt] = value;
-  rememberedAt = (rememberedAt + 1) % REMEMBERED;
-  return value;
+
+  /** The parse `parse` made of `data`, or a new one (throws as JSON.parse does). */
+  take(data: string): unknown {
+    while (this.next < this.data.length) {
+      const i = this.next++;
+      if (this.data[i] === data) {
+        const value = this.values[i];
+        if (this.next === this.data.length) this.clear();
+        return value;
+      }
+    }
+    this.clear();
+    return JSON.parse(data) as unknown;
+  }
+
+  private clear(): void {
+    this.data.length = 0;
+    this.values.length = 0;
+    this.next = 0;
+  }
 }

@@ -4,6 +4,7 @@ import type { ErrorCode, ErrorDetails, ErrorSpec } from '../errors.js';
 import type { Usage } from '../money.js';
 
 import type { Endpoint } from '../protocols/types.js';
+import type { ParsedEvents } from './sse.js';
 
 export type { Endpoint };
 
@@ -31,6 +32,8 @@ export interface Exchange {
    * for a model of one provider; 1 on a routed call, where the next attempt is another deployment's.
    */
   readonly maxAttempts: number;
+  /** Set on a translated call: the stream's watcher parses each event there, for the translation to take. */
+  readonly parsedEvents?: ParsedEvents;
   /** True once the client has gone away. */
   readonly aborted: boolean;
   /** Registers what to stop when the client goes away (timers, the upstream request). */

@@ -1,6 +1,7 @@
 import type { ModelEntry } from '../directory.js';
 import type { ErrorCode, ErrorDetails, ErrorSpec } from '../errors.js';
 import type { Usage } from '../money.js';
+import type { ParsedEvents } from './sse.js';
 import type { Endpoint, Exchange } from './types.js';
 
 /**
@@ -20,6 +21,7 @@ export class WrappedExchange implements Exchange {
   get inputTokens(): number { return this.inner.inputTokens; }
   get maxOutputTokens(): number { return this.inner.maxOutputTokens; }
   get maxAttempts(): number { return this.inner.maxAttempts; }
+  get parsedEvents(): ParsedEvents | undefined { return this.inner.parsedEvents; }
   get aborted(): boolean { return this.inner.aborted; }
 
   onAbort(stop: () => void): void { this.inner.onAbort(stop); }

@@ -1,5 +1,5 @@
 import { isObj } from '../protocols/common.js';
-import { eventData } from '../providers/sse.js';
+import { eventData, type ParsedEvents } from '../providers/sse.js';
 import {
   argumentsObject, checkKnown, dataEvent, dataUrl, eventObject, lookup, refuse, StreamEnded, textOf, toolId, toolName,
 } from './common.js';
@@ -182,7 +182,7 @@ function answer(json: Record<string, unknown>, call: Translation): Record<string
 }
 
 /** Anthropic events to chat chunks: one chunk per delta; tool calls numbered among tool blocks only. */
-function stream(call: Translation): (event: string | null) => string {
+function stream(call: Translation, parsed?: ParsedEvents): (event: string | null) => string {
   const created = call.created;
   const wantsUsage = isObj(call.clientBody.stream_options) && call.clientBody.stream_options.include_usage === true;
   let id = `chatcmpl-${call.requestId}`;
@@ -208,7 +208,7 @@ function stream(call: Translation): (event: string | null) => string {
       if (!done) throw new StreamEnded();
       return '';
     }
-    const msg = done ? null : eventObject(eventData(event));
+    const msg = done ? null : eventObject(eventData(event), parsed);
     if (msg === null) return '';
     switch (msg.type) {
       case 'message_start': {

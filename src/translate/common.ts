@@ -1,6 +1,6 @@
 import { hash } from 'node:crypto';
 import { isObj } from '../protocols/common.js';
-import { parseData } from '../providers/sse.js';
+import type { ParsedEvents } from '../providers/sse.js';
 
 /** What the directions share: refusals, ids and names both protocols accept, images, SSE text. */
 
@@ -91,12 +91,15 @@ export function answerArguments(args: unknown): Record<string, unknown> {
   return { _raw_arguments: args };
 }
 
-/** An event's data as a JSON object, or null (no data, not JSON, not an object). */
-export function eventObject(data: string | null): Record<string, unknown> | null {
+/**
+ * An event's data as a JSON object, or null (no data, not JSON, not an object); taken from
+ * `parsed` when the stream's watcher parsed it already.
+ */
+export function eventObject(data: string | null, parsed?: ParsedEvents): Record<string, unknown> | null {
   if (data === null) return null;
   try {
-    const parsed = parseData(data);
-    return isObj(parsed) ? parsed : null;
+    const value = parsed === undefined ? JSON.parse(data) as unknown : parsed.take(data);
+    return isObj(value) ? value : null;
   } catch {
     return null;
   }

@@ -1,6 +1,7 @@
 import type { Endpoint } from '../protocols/types.js';
 import type { Exchange } from '../providers/types.js';
 import { WrappedExchange } from '../providers/wrapped-exchange.js';
+import { ParsedEvents } from '../providers/sse.js';
 import { StreamEnded } from './common.js';
 import type { TranslatedRequest, Translation, Translator } from './types.js';
 
@@ -15,15 +16,18 @@ export class TranslatedCall extends WrappedExchange {
   private readonly transduce: ((event: string | null) => string) | null;
   private held: { status: number; extra: string[] } | null = null;
   private readonly dropped: string[];
+  /** The provider's events, parsed once by the stream's watcher for the translation to take. */
+  private readonly parsed = new ParsedEvents();
 
   constructor(inner: Exchange, private readonly translator: Translator, request: TranslatedRequest, private readonly call: Translation) {
     super(inner);
     this.translatedBody = request.body;
     this.translatedText = JSON.stringify(request.body);
     this.dropped = request.dropped.length > 0 ? ['x-gateway-dropped', request.dropped.join(', ')] : [];
-    this.transduce = inner.stream ? translator.stream(call) : null;
+    this.transduce = inner.stream ? translator.stream(call, this.parsed) : null;
   }
 
+  override get parsedEvents(): ParsedEvents { return this.parsed; }
   /** The provider's endpoint, and the request as it takes it. */
   override get endpoint(): Endpoint { return this.translator.provider; }
   override get body(): Record<string, unknown> { return this.translatedBody; }

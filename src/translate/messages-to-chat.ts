@@ -1,5 +1,5 @@
 import { isObj } from '../protocols/common.js';
-import { eventData } from '../providers/sse.js';
+import { eventData, type ParsedEvents } from '../providers/sse.js';
 import { answerArguments, checkKnown, eventObject, lookup, refuse, StreamEnded, textOf, toolId, toolName } from './common.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
@@ -214,7 +214,7 @@ const event = (type: string, data: Record<string, unknown>) => `event: ${type}\n
  * by its `index`) and close at the end; `message_start` carries the gateway's input estimate
  * (the provider counts only at the end: `message_delta` then carries its real usage).
  */
-function stream(call: Translation): (event: string | null) => string {
+function stream(call: Translation, parsed?: ParsedEvents): (event: string | null) => string {
   let started = false;
   let finished = false;
   let blocks = 0;
@@ -257,7 +257,7 @@ function stream(call: Translation): (event: string | null) => string {
     if (finished) return '';
     const data = eventData(ev);
     if (data === '[DONE]') return finish();
-    const chunk = eventObject(data);
+    const chunk = eventObject(data, parsed);
     if (chunk === null) return '';
     if (isObj(chunk.error)) {
       finished = true;

@@ -1,5 +1,5 @@
 import { isObj } from '../protocols/common.js';
-import { eventData } from '../providers/sse.js';
+import { eventData, type ParsedEvents } from '../providers/sse.js';
 import { argumentsObject, checkKnown, dataUrl, eventObject, refuse, StreamEnded, textOf, toolId, toolName } from './common.js';
 import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
@@ -217,7 +217,7 @@ function answer(json: Record<string, unknown>, call: Translation): Record<string
 }
 
 /** Anthropic events to the Responses event sequence, block by block. */
-function stream(call: Translation): (event: string | null) => string {
+function stream(call: Translation, parsed?: ParsedEvents): (event: string | null) => string {
   let sequence = 0;
   let id = `resp_${call.requestId}`;
   let started = false;
@@ -244,7 +244,7 @@ function stream(call: Translation): (event: string | null) => string {
       if (!done) throw new StreamEnded();
       return '';
     }
-    const msg = done ? null : eventObject(eventData(ev));
+    const msg = done ? null : eventObject(eventData(ev), parsed);
     if (msg === null) return '';
     switch (msg.type) {
       case 'message_start': {

@@ -1,4 +1,5 @@
 import type { Endpoint } from '../protocols/types.js';
+import type { ParsedEvents } from '../providers/sse.js';
 
 /** What a translation knows of the call it translates. */
 export interface CallFacts {
@@ -43,5 +44,5 @@ export interface Translator {
    * A stream transducer: one whole provider event in, the client's events out (maybe none);
    * null when the provider's stream has ended, for what the client's protocol still needs.
    */
-  stream(call: Translation): (event: string | null) => string;
+  stream(call: Translation, parsed?: ParsedEvents): (event: string | null) => string;
 }

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
+import { createClient } from 'redis';
 import { RedisLimiter } from '../../src/limiter/redis.js';
 import { chatBody, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 import { hasRedis, RedisServer } from '../helpers/redis-server.js';
@@ -50,6 +51,14 @@ describe('fault: Redis answers an admission after its deadline', { skip: hasRedi
       const s = await limiter.snapshot(account);
       return s.inFlight === 0 && s.reservedMicro === 0;
     }, 3000, 'the late admission\'s slot and reservation given back');
+    // It did run (not lost with the pause): it counts in the account's RPM window.
+    const client = createClient({ url: server.url });
+    await client.connect();
+    try {
+      assert.equal(await client.hGet('late:{acct_l}:wn', 'n'), '1', 'the refused admission ran in Redis after its deadline');
+    } finally {
+      await client.quit();
+    }
 
     // The account's one slot and the same Idempotency-Key serve the next call, well within the lease.
     const again = await call({ 'idempotency-key': 'late-1' });

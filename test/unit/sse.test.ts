@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
 import { describe, test } from 'node:test';
-import { eventData, eventName, EventTooLarge, parseData, SseSplitter } from '../../src/providers/sse.js';
+import { eventData, eventName, EventTooLarge, ParsedEvents, SseSplitter } from '../../src/providers/sse.js';
 import { rng } from '../helpers/fake-clock.js';
 
 /** The reference: the whole stream at once, line ends normalised, split at blank lines. */
@@ -100,16 +100,24 @@ test('eventData reads any text line by line as a split on "\\n" would (random ev
   }
 });
 
-test('parseData answers as JSON.parse, from memory for data it parsed lately, and throws as it does', () => {
+test('ParsedEvents: the watcher parses, the translation takes the same parse in order; anything else is parsed again', () => {
+  const events = new ParsedEvents();
   const datas = Array.from({ length: 40 }, (_, i) => JSON.stringify({ type: 'content_block_delta', index: i % 3, delta: { type: 'text_delta', text: `t${i}` } }));
-  for (let round = 0; round < 3; round++) {
-    for (const d of datas) assert.deepEqual(parseData(d), JSON.parse(d));
+  const seen = datas.map((d) => events.parse(d));
+  datas.forEach((d, i) => assert.equal(events.take(d), seen[i], `event ${i}: the watcher's parse, not a new one`));
+  // Taken: nothing is kept, and the same data again is a new parse, equal to JSON.parse's.
+  assert.notEqual(events.take(datas[0]!), seen[0]);
+  assert.deepEqual(events.take(datas[0]!), JSON.parse(datas[0]!));
+  // An event the translation never gets is passed over; one it gets that was never seen is parsed.
+  const [a, b, c] = ['{"n":1}', '{"n":2}', '{"n":3}'].map((d) => ({ d, v: events.parse(d) }));
+  assert.equal(events.take(b!.d), b!.v);
+  assert.equal(events.take(c!.d), c!.v);
+  assert.notEqual(events.take(a!.d), a!.v, 'a passed-over parse is not found later');
+  for (const bad of ['', '{', '{"a":1}x']) {
+    assert.throws(() => events.parse(bad), SyntaxError, JSON.stringify(bad));
+    assert.throws(() => events.take(bad), SyntaxError, JSON.stringify(bad));
   }
-  const recent = '{"type":"message_stop"}';
-  assert.equal(parseData(recent), parseData(recent), 'the second parse of the same data is the first one\'s value');
-  for (const bad of ['', '{', '{"a":1}x', 'undefined']) assert.throws(() => parseData(bad), SyntaxError, JSON.stringify(bad));
-  assert.equal(parseData('null'), null);
-  const long = JSON.stringify({ text: 'x'.repeat(5000) });
-  assert.notEqual(parseData(long), parseData(long), 'long data is parsed each time, never kept');
-  assert.deepEqual(parseData(long), JSON.parse(long));
+  // Parses never taken are dropped past a bound, not kept for ever.
+  for (let i = 0; i < 10_000; i++) events.parse(`{"i":${i}}`);
+  assert.ok(((events as unknown as { data: string[] }).data).length <= 256);
 });

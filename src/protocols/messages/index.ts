@@ -1,5 +1,5 @@
 import type { Usage } from '../../money.js';
-import { eventData, parseData } from '../../providers/sse.js';
+import { eventData } from '../../providers/sse.js';
 import {
   checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
   sendJson, sseEvent, textChars, tokensOf, withModel,
@@ -91,7 +91,7 @@ export const messages: WireProtocol = {
         if (data === null) return { forward: true, final: false };
         let msg: unknown;
         try {
-          msg = parseData(data);
+          msg = ex.parsedEvents === undefined ? JSON.parse(data) : ex.parsedEvents.parse(data);
         } catch {
           return { forward: true, final: false };
         }
