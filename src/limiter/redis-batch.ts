@@ -9,8 +9,9 @@
  * delay the calls that something waits for.) Ops of one account keep
  * their order; accounts are never mixed in one call (all of a call's keys share the account's
  * hash tag, as on Redis Cluster). All the calls sent at once share one deadline timer; a reply
- * that comes after it still reaches the ops that ask for it (an admission Redis ran after its
- * request was refused gives its slot back at once, not when its lease runs out).
+ * that comes after it still reaches the ops that ask for it, and so does the news that none
+ * will come (an admission Redis may have run after its request was refused gives its slot back
+ * at once, not when its lease runs out).
  */
 
 /** One op waiting for its account's batch: its own keys, its arguments (kind first), its callbacks. */
@@ -20,8 +21,9 @@ export interface BatchOp {
   readonly resolve: (reply: unknown) => void;
   readonly reject: (err: Error) => void;
   /**
-   * The op's reply when it came after the call's deadline (the op was rejected then, but Redis
-   * ran it): an admission gives back what it took, which nothing else would release.
+   * For an op that was failed without its answer (the call's deadline passed, or its connection
+   * was lost): the reply when it came after all, else undefined (Redis may have run it). An
+   * admission gives back what it may have taken, which nothing else would release.
    */
   readonly late?: (reply: unknown) => void;
 }
@@ -140,18 +142,27 @@ export class BatchQueue {
           this.deliver(call.ops, reply);
         }, (err: Error) => {
           settled();
+          if (call.done && !call.late) return;
           fail(call, err);
+          // No answer, and none will come (the connection is gone): Redis may have run the call.
+          this.deliverLate(call.ops, undefined);
         });
       }
     }
   }
 
-  /** A reply that came after the deadline: each op that asked for it gets its own. */
+  /**
+   * A call whose ops were failed without their answers: each op that asked gets its own reply
+   * when one came after the deadline, or undefined when none will (Redis may or may not have
+   * run it).
+   */
   private deliverLate(ops: BatchOp[], reply: unknown): void {
-    const replies = Array.isArray(reply) ? reply : [];
+    const replies = Array.isArray(reply) ? reply : null;
     for (let i = 0; i < ops.length; i++) {
       const late = ops[i]!.late;
-      if (late !== undefined && replies[i] !== undefined && replies[i] !== null) late(replies[i]);
+      if (late === undefined) continue;
+      const r = replies === null ? undefined : replies[i];
+      late(r === null ? undefined : r);
     }
   }
 

@@ -121,6 +121,8 @@ export class RedisLimiter implements Limiter {
   private readonly needsrc: '0' | '1';
   /** Rebuilds under way, one per account. */
   private readonly restoring = new Map<string, Promise<void>>();
+  /** Releases made while Redis was away, sent when it is back (at most MAX_UNSENT). */
+  private unsent: RedisTicket[] = [];
   /** Admissions, settlements and releases waiting for the end of the turn, per account. */
   private readonly batch: BatchQueue;
   /**
@@ -151,7 +153,12 @@ export class RedisLimiter implements Limiter {
       },
     }) as RedisClientType;
     this.client.on('error', (err: Error) => this.warn('redis limiter store error', err));
-    this.client.on('ready', () => this.loadFunctions());
+    this.client.on('ready', () => {
+      this.loadFunctions();
+      const unsent = this.unsent;
+      this.unsent = [];
+      for (const t of unsent) this.sendRelease(t);
+    });
     this.client.connect().catch(() => { /* reconnects by itself; requests fail closed meanwhile */ });
     this.batch = new BatchQueue((keys, ops) => this.sendBatch(keys, ops), this.timeoutMs, (cause) => {
       if (cause !== null) this.warn('redis limiter command failed', cause);
@@ -222,14 +229,23 @@ export class RedisLimiter implements Limiter {
   /**
    * Gives the slot and idempotency key back (and a reservation never settled). Queued after any
    * settlement of the same ticket (in the same batch, or on the same connection after it), so
-   * Redis runs the two in order; if Redis is away, the leases expire instead.
+   * Redis runs the two in order. Made while Redis is away, it is sent when Redis is back (its
+   * leases may have run out by then, and it finds nothing).
    */
   release(ticket: Ticket): void {
     const t = ticket as RedisTicket;
     if (t.released) return;
     t.released = true;
     this.live.delete(t);
-    if (!this.client.isReady) return;
+    if (!this.client.isReady) {
+      // Sent when the connection is back (the leases would free them too, later).
+      if (this.unsent.length < MAX_UNSENT) this.unsent.push(t);
+      return;
+    }
+    this.sendRelease(t);
+  }
+
+  private sendRelease(t: RedisTicket): void {
     const a = this.tag(t.accountId);
     const keys = t.keyId !== null ? [`${a}:ks:${t.keyId}`] : [];
     if (t.idempotencyKey !== null) keys.push(`${a}:i:${t.idempotencyKey}`);
@@ -314,10 +330,11 @@ export class RedisLimiter implements Limiter {
       `${n(account.rpm)},${n(account.concurrency)},${n(limited ? key.rpm : null)},${n(limited ? key.concurrency : null)},${n(account.dailyCapMicro)}`,
       n(estimateMicro), `${account.prepaid ? '1' : '0'}${instant ? '1' : '0'}`,
     ];
-    // Should the reply miss the deadline (the request then gets a 503) and still say admitted,
-    // what the admission took is given back at once, not when its leases run out.
+    // Should the reply miss the deadline or be lost with the connection (the request then gets a
+    // 503) and say admitted, or never come, what the admission may have taken is given back at
+    // once, not when its leases run out: releasing an id Redis never admitted changes nothing.
     const late = instant ? undefined : (reply: unknown) => {
-      if (reply === 'ok') this.release(new RedisTicket(id, account.id, limited ? k : null, idempotencyKey, account.prepaid, estimateMicro ?? 0));
+      if (reply === 'ok' || reply === undefined) this.release(new RedisTicket(id, account.id, limited ? k : null, idempotencyKey, account.prepaid, estimateMicro ?? 0));
     };
     return this.withMoney(account.id, () => this.queue(account.id, keys, args, late)).then((r) => {
       if (r === 'ok') return null;
@@ -476,6 +493,8 @@ export class RedisLimiter implements Limiter {
 }
 
 const NO_KEYS: readonly string[] = [];
+/** Releases kept while Redis is away; beyond them, the leases free what they hold. */
+const MAX_UNSENT = 10_000;
 const ignore = (): void => {};
 
 function hasKeyLimits(key: KeyLimits): boolean {

@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { createServer, connect, type Server, type Socket } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { createClient } from 'redis';
 import { RedisLimiter } from '../../src/limiter/redis.js';
@@ -6,64 +7,102 @@ import { chatBody, postJson, startGateway, testConfig, until, type Running } fro
 import { hasRedis, RedisServer } from '../helpers/redis-server.js';
 
 /**
- * Redis answers an admission after its deadline (frozen for longer than `timeoutMs`, then back):
- * the request got its 503, yet Redis ran the admission when it woke, taking a slot, a
- * reservation and the Idempotency-Key. They are given back as soon as that late reply comes,
- * not when their leases run out (60 s here): the account can call again at once.
+ * Redis runs an admission whose answer the gateway never uses: the answer comes after the
+ * deadline (Redis frozen longer than `timeoutMs`, then back), or it is lost with the
+ * connection. The request got its 503, yet the admission took a slot, a reservation and the
+ * Idempotency-Key. They are given back as soon as the late answer comes, or the connection is
+ * back, not when their leases run out (60 s here): the account can call again at once.
+ *
+ * The limiter reaches Redis through a TCP relay of the test's own, which can drop Redis's next
+ * answer and cut the connection instead.
  */
-describe('fault: Redis answers an admission after its deadline', { skip: hasRedis ? false : 'redis-server is not installed' }, () => {
+describe('fault: Redis runs an admission whose answer is late or lost', { skip: hasRedis ? false : 'redis-server is not installed' }, () => {
   const server = new RedisServer();
+  let relay: Server;
+  let cutNextAnswer = false;
   let limiter: RedisLimiter;
   let gw: Running;
   before(async () => {
     await server.start();
-    limiter = new RedisLimiter({ url: server.url, prefix: 'late:', timeoutMs: 200, leaseMs: 60_000 });
+    relay = createServer((client: Socket) => {
+      const upstream = connect(server.port, '127.0.0.1');
+      const close = () => {
+        client.destroy();
+        upstream.destroy();
+      };
+      client.on('data', (d) => upstream.write(d));
+      upstream.on('data', (d) => {
+        if (!cutNextAnswer) return client.write(d);
+        cutNextAnswer = false;
+        close();
+      });
+      for (const s of [client, upstream]) {
+        s.on('close', close);
+        s.on('error', close);
+      }
+    });
+    await new Promise<void>((resolve) => relay.listen(0, '127.0.0.1', resolve));
+    const port = (relay.address() as { port: number }).port;
+    limiter = new RedisLimiter({ url: `redis://127.0.0.1:${port}`, prefix: 'late:', timeoutMs: 200, leaseMs: 60_000 });
     await limiter.whenReady(3000);
     gw = await startGateway(testConfig({
       plans: { one: { rpm: 1000, concurrency: 1 } },
-      accounts: { acct_l: { plan: 'one' } },
-      keys: { key_l: { account: 'acct_l', key: 'sk-l' } },
+      accounts: { acct_l: { plan: 'one' }, acct_m: { plan: 'one' } },
+      keys: { key_l: { account: 'acct_l', key: 'sk-l' }, key_m: { account: 'acct_m', key: 'sk-m' } },
     }), { limiter });
   });
   after(async () => {
     server.resume();
     await gw.close();
     await limiter.close();
+    relay.close();
     await server.stop();
   });
 
-  const account = { id: 'acct_l', rpm: 1000, concurrency: 1, dailyCapMicro: null, prepaid: false };
-  const call = (headers: Record<string, string>) => postJson(`${gw.url}/v1/chat/completions`, 'sk-l', chatBody('paid-1', 'late', { max_tokens: 16 }), headers);
+  const limits = (id: string) => ({ id, rpm: 1000, concurrency: 1, dailyCapMicro: null, prepaid: false });
+  const call = (key: string, idempotencyKey: string) =>
+    postJson(`${gw.url}/v1/chat/completions`, key, chatBody('paid-1', 'late', { max_tokens: 16 }), { 'idempotency-key': idempotencyKey });
 
-  test('the 503 admission that Redis ran late holds nothing: the slot, reservation and key come back at once', async () => {
-    server.pause();
-    let refused: Response;
-    try {
-      refused = await call({ 'idempotency-key': 'late-1' });
-    } finally {
-      server.resume();
-    }
+  /** After the refused call: the admission ran in Redis, gave everything back, and the account's one slot and the same key serve the next call. */
+  async function heldNothing(refused: Response, accountId: string, key: string, idempotencyKey: string): Promise<void> {
     assert.equal(refused.status, 503);
     assert.equal(((await refused.json()) as { error: { code: string } }).error.code, 'limiter_unavailable');
-
-    // Redis ran the admission on waking; its late reply gives everything back.
     await until(async () => {
-      const s = await limiter.snapshot(account);
-      return s.inFlight === 0 && s.reservedMicro === 0;
-    }, 3000, 'the late admission\'s slot and reservation given back');
-    // It did run (not lost with the pause): it counts in the account's RPM window.
+      try {
+        const s = await limiter.snapshot(limits(accountId));
+        return s.inFlight === 0 && s.reservedMicro === 0;
+      } catch {
+        return false; // the connection not back yet
+      }
+    }, 3000, 'the refused admission\'s slot and reservation given back');
+    // It did run (it was not lost on the way): it counts in the account's RPM window.
     const client = createClient({ url: server.url });
     await client.connect();
     try {
-      assert.equal(await client.hGet('late:{acct_l}:wn', 'n'), '1', 'the refused admission ran in Redis after its deadline');
+      assert.equal(await client.hGet(`late:{${accountId}}:wn`, 'n'), '1', 'the refused admission ran in Redis');
     } finally {
       await client.quit();
     }
-
-    // The account's one slot and the same Idempotency-Key serve the next call, well within the lease.
-    const again = await call({ 'idempotency-key': 'late-1' });
+    const again = await call(key, idempotencyKey);
     assert.equal(again.status, 200, await again.clone().text());
     await again.text();
-    await until(async () => (await limiter.snapshot(account)).inFlight === 0, 3000, 'the second call released');
+    await until(async () => (await limiter.snapshot(limits(accountId))).inFlight === 0, 3000, 'the second call released');
+  }
+
+  test('an answer after the deadline: the admission gives back at once what it took', async () => {
+    server.pause();
+    let refused: Response;
+    try {
+      refused = await call('sk-l', 'late-1');
+    } finally {
+      server.resume();
+    }
+    await heldNothing(refused, 'acct_l', 'sk-l', 'late-1');
+  });
+
+  test('an answer lost with the connection: the admission gives back what it may have taken once the connection is back', async () => {
+    cutNextAnswer = true;
+    const refused = await call('sk-m', 'lost-1');
+    await heldNothing(refused, 'acct_m', 'sk-m', 'lost-1');
   });
 });
