@@ -21,9 +21,10 @@ export interface BatchOp {
   readonly resolve: (reply: unknown) => void;
   readonly reject: (err: Error) => void;
   /**
-   * For an op that was failed without its answer (the call's deadline passed, or its connection
-   * was lost): the reply when it came after all, else undefined (Redis may have run it). An
-   * admission gives back what it may have taken, which nothing else would release.
+   * For an op that was failed without its answer (the call's deadline passed, or it failed: an
+   * error, the connection lost, never sent): the reply when it came after all, else undefined
+   * (Redis may have run it). An admission gives back what it may have taken, which nothing else
+   * would release.
    */
   readonly late?: (reply: unknown) => void;
 }
@@ -142,9 +143,9 @@ export class BatchQueue {
           this.deliver(call.ops, reply);
         }, (err: Error) => {
           settled();
-          if (call.done && !call.late) return;
           fail(call, err);
-          // No answer, and none will come (the connection is gone): Redis may have run the call.
+          // Failed without an answer (an error, the connection lost, or never sent), and none
+          // will come: Redis may have run the call.
           this.deliverLate(call.ops, undefined);
         });
       }

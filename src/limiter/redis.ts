@@ -38,6 +38,8 @@ class RedisTicket implements Ticket {
   released = false;
   /** Its settlement was applied, and gave the reservation back: the release need not look for it. */
   givenBack = false;
+  /** When its release was first kept for a connection that was down (Date.now()), or 0. */
+  unsentSince = 0;
   constructor(
     readonly id: string,
     readonly accountId: string,
@@ -99,9 +101,10 @@ export function loadRedis(): typeof import('redis') {
  * Redis function; EVALSHA on a Redis that cannot), which runs each op as its own script would
  * (redis-batch.ts, redis-scripts.ts). Slots,
  * reservations and idempotency keys are leases renewed while a request lives, so a crashed
- * instance's holdings return by themselves within `leaseMs`. Fail-closed: no offline queue,
- * a tight deadline per command (per batch: one for all the calls sent together), and a store
- * that does not answer is a 503 for every op waiting on it.
+ * instance's holdings return by themselves within `leaseMs`. Fail-closed: no offline queue
+ * (but releases, which decide nothing, are kept for the connection's return while their leases
+ * last), a tight deadline per command (per batch: one for all the calls sent together), and a
+ * store that does not answer is a 503 for every op waiting on it.
  */
 export class RedisLimiter implements Limiter {
   private readonly client: RedisClientType;
@@ -121,7 +124,7 @@ export class RedisLimiter implements Limiter {
   private readonly needsrc: '0' | '1';
   /** Rebuilds under way, one per account. */
   private readonly restoring = new Map<string, Promise<void>>();
-  /** Releases made while Redis was away, sent when it is back (at most MAX_UNSENT). */
+  /** Releases that could not be sent (Redis away), sent when it is back (see keepUnsent). */
   private unsent: RedisTicket[] = [];
   /** Admissions, settlements and releases waiting for the end of the turn, per account. */
   private readonly batch: BatchQueue;
@@ -157,7 +160,9 @@ export class RedisLimiter implements Limiter {
       this.loadFunctions();
       const unsent = this.unsent;
       this.unsent = [];
-      for (const t of unsent) this.sendRelease(t);
+      // Past its lease a holding has freed itself: nothing is left to send for it.
+      const since = Date.now() - this.leaseMs;
+      for (const t of unsent) if (t.unsentSince >= since) this.sendRelease(t);
     });
     this.client.connect().catch(() => { /* reconnects by itself; requests fail closed meanwhile */ });
     this.batch = new BatchQueue((keys, ops) => this.sendBatch(keys, ops), this.timeoutMs, (cause) => {
@@ -229,20 +234,28 @@ export class RedisLimiter implements Limiter {
   /**
    * Gives the slot and idempotency key back (and a reservation never settled). Queued after any
    * settlement of the same ticket (in the same batch, or on the same connection after it), so
-   * Redis runs the two in order. Made while Redis is away, it is sent when Redis is back (its
-   * leases may have run out by then, and it finds nothing).
+   * Redis runs the two in order. One that cannot be sent (Redis away, or the connection lost
+   * under it) is sent again when Redis is back, on another connection, so maybe before a
+   * settlement that was lost too: harmless, as a reservation is given back only by the op that
+   * removes its entry, whichever comes first.
    */
   release(ticket: Ticket): void {
     const t = ticket as RedisTicket;
     if (t.released) return;
     t.released = true;
     this.live.delete(t);
-    if (!this.client.isReady) {
-      // Sent when the connection is back (the leases would free them too, later).
-      if (this.unsent.length < MAX_UNSENT) this.unsent.push(t);
-      return;
-    }
+    if (!this.client.isReady) return this.keepUnsent(t);
     this.sendRelease(t);
+  }
+
+  /**
+   * Keeps a release for the connection's return, while its leases last (they free what it holds
+   * by then anyway) and up to MAX_UNSENT of them. Sending a release again is harmless: each of its
+   * steps acts only on what is still there under the ticket's own id.
+   */
+  private keepUnsent(t: RedisTicket): void {
+    if (t.unsentSince === 0) t.unsentSince = Date.now();
+    if (this.unsent.length < MAX_UNSENT) this.unsent.push(t);
   }
 
   private sendRelease(t: RedisTicket): void {
@@ -253,7 +266,11 @@ export class RedisLimiter implements Limiter {
     // A settlement that answered gave the reservation back: 0 spares the script a lookup. One
     // still out, or lost, may have given it too: the script then finds nothing to give.
     const reserved = t.givenBack ? '0' : String(t.reservedMicro);
-    this.batch.push(t.accountId, () => this.accountKeys(a), { keys, args: [kind, t.id, reserved], resolve: ignore, reject: ignore });
+    // Lost with the connection (or never sent): kept for its return.
+    const reject = () => {
+      if (!this.client.isReady) this.keepUnsent(t);
+    };
+    this.batch.push(t.accountId, () => this.accountKeys(a), { keys, args: [kind, t.id, reserved], resolve: ignore, reject });
   }
 
   restore(): void {
@@ -493,7 +510,7 @@ export class RedisLimiter implements Limiter {
 }
 
 const NO_KEYS: readonly string[] = [];
-/** Releases kept while Redis is away; beyond them, the leases free what they hold. */
+/** Releases kept for Redis's return, at most; beyond them, the leases free what they hold. */
 const MAX_UNSENT = 10_000;
 const ignore = (): void => {};
 

@@ -20,12 +20,18 @@ describe('fault: Redis runs an admission whose answer is late or lost', { skip: 
   const server = new RedisServer();
   let relay: Server;
   let cutNextAnswer = false;
+  /** While set, the relay cuts every connection and refuses new ones: Redis is away for the limiter. */
+  let away = false;
+  const open = new Set<Socket>();
   let limiter: RedisLimiter;
   let gw: Running;
   before(async () => {
     await server.start();
     relay = createServer((client: Socket) => {
+      if (away) return client.destroy();
       const upstream = connect(server.port, '127.0.0.1');
+      open.add(client);
+      client.on('close', () => open.delete(client));
       const close = () => {
         client.destroy();
         upstream.destroy();
@@ -47,8 +53,8 @@ describe('fault: Redis runs an admission whose answer is late or lost', { skip: 
     await limiter.whenReady(3000);
     gw = await startGateway(testConfig({
       plans: { one: { rpm: 1000, concurrency: 1 } },
-      accounts: { acct_l: { plan: 'one' }, acct_m: { plan: 'one' } },
-      keys: { key_l: { account: 'acct_l', key: 'sk-l' }, key_m: { account: 'acct_m', key: 'sk-m' } },
+      accounts: { acct_l: { plan: 'one' }, acct_m: { plan: 'one' }, acct_n: { plan: 'one' } },
+      keys: { key_l: { account: 'acct_l', key: 'sk-l' }, key_m: { account: 'acct_m', key: 'sk-m' }, key_n: { account: 'acct_n', key: 'sk-n' } },
     }), { limiter });
   });
   after(async () => {
@@ -104,5 +110,28 @@ describe('fault: Redis runs an admission whose answer is late or lost', { skip: 
     cutNextAnswer = true;
     const refused = await call('sk-m', 'lost-1');
     await heldNothing(refused, 'acct_m', 'sk-m', 'lost-1');
+  });
+
+  test('a call that ends while Redis is away: its release is sent when Redis is back, not left to its lease', async () => {
+    // A call on the slow mock model (300 ms) is admitted; Redis goes away under it; it ends.
+    const slow = postJson(`${gw.url}/v1/chat/completions`, 'sk-n', chatBody('slow-1', 'away'));
+    await until(async () => (await limiter.snapshot(limits('acct_n'))).inFlight === 1, 3000, 'the slow call admitted');
+    away = true;
+    for (const socket of open) socket.destroy();
+    let answer: Response;
+    try {
+      answer = await slow;
+      await answer.text();
+    } finally {
+      away = false;
+    }
+    assert.equal(answer.status, 200);
+    await until(async () => {
+      try {
+        return (await limiter.snapshot(limits('acct_n'))).inFlight === 0;
+      } catch {
+        return false; // the connection not back yet
+      }
+    }, 3000, 'the slot released once Redis is back');
   });
 });
