@@ -16,18 +16,19 @@ export class TranslatedCall extends WrappedExchange {
   private readonly transduce: ((event: string | null) => string) | null;
   private held: { status: number; extra: string[] } | null = null;
   private readonly dropped: string[];
-  /** The provider's events, parsed once by the stream's watcher for the translation to take. */
-  private readonly parsed = new ParsedEvents();
+  /** A stream's events, parsed once by its watcher for the translation to take. */
+  private readonly parsed: ParsedEvents | undefined;
 
   constructor(inner: Exchange, private readonly translator: Translator, request: TranslatedRequest, private readonly call: Translation) {
     super(inner);
     this.translatedBody = request.body;
     this.translatedText = JSON.stringify(request.body);
     this.dropped = request.dropped.length > 0 ? ['x-gateway-dropped', request.dropped.join(', ')] : [];
+    this.parsed = inner.stream ? new ParsedEvents() : undefined;
     this.transduce = inner.stream ? translator.stream(call, this.parsed) : null;
   }
 
-  override get parsedEvents(): ParsedEvents { return this.parsed; }
+  override get parsedEvents(): ParsedEvents | undefined { return this.parsed; }
   /** The provider's endpoint, and the request as it takes it. */
   override get endpoint(): Endpoint { return this.translator.provider; }
   override get body(): Record<string, unknown> { return this.translatedBody; }
