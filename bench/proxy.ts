@@ -11,7 +11,9 @@
  *             /v1/chat/completions, checks the key and the upstream model, answers a fixed
  *             completion with `usage`; streamed: the first chunk at once, then after 2 ms three
  *             more chunks, a usage chunk and `data: [DONE]`. POST /v1/responses likewise, with
- *             a Responses object, or its event sequence ending in `response.completed`
+ *             a Responses object, or its event sequence ending in `response.completed`;
+ *             POST /v1/messages the same answer as Anthropic's. A streamed call with
+ *             max_tokens 1024 gets a long answer instead (200 deltas, ten events per write)
  *   proxy     the bare baseline (this file, --role proxy): node:http, reads the body, swaps
  *             `model` and the key, forwards to the same path on a keep-alive http.Agent,
  *             relays the answer and reads `usage` out of it. No auth, no limits, no log, no
@@ -30,8 +32,9 @@
  *      (instructions, tool schemas, the whole history: ~31 KiB, which the gateway walks for its
  *      input estimate)
  *   5. closed loop, translation: chat calls to a model on an Anthropic provider (the gateway
- *      sends Messages and translates the answer back), plain and streamed, against the bare
- *      proxy passing the same chat call through
+ *      sends Messages and translates the answer back), plain, streamed (3 deltas) and streamed
+ *      long (200 deltas, ten events per write: where the work per event shows), against the
+ *      bare proxy passing the same chat call through
  * Prints tables and a final JSON line. Exits 1 when any answer is not a correct 200.
  */
 import { hash, randomBytes } from 'node:crypto';
@@ -130,6 +133,32 @@ const MESSAGES_REST = [
 ].join('');
 const MESSAGES_DONE = anthropicEvent('message_stop', {});
 
+/**
+ * A long streamed answer (phase 5): LONG_DELTAS text deltas, sent ten events per write, as chat
+ * chunks or as Anthropic events. A request asks for it with max_tokens LONG_MAX_TOKENS.
+ */
+const LONG_DELTAS = 200;
+const LONG_MAX_TOKENS = 1024;
+const LONG_WORDS = Array.from({ length: LONG_DELTAS }, (_, i) => ` ${['Sure,', 'here', 'is', 'a', '"longer"', 'answer', 'with', 'ünïcödé', 'and\n', 'lines.'][i % 10]}`);
+function inWrites(events: string[]): string[] {
+  const writes: string[] = [];
+  for (let i = 0; i < events.length; i += 10) writes.push(events.slice(i, i + 10).join(''));
+  return writes;
+}
+const LONG_CHAT = {
+  first: chunkEvent('', null),
+  writes: inWrites(LONG_WORDS.map((w) => chunkEvent(w, null))),
+  last: chunkEvent(null, 'stop') + `data: ${JSON.stringify({ id: 'chatcmpl-bench', object: 'chat.completion.chunk', created: 1_763_769_600, model: UPSTREAM_MODEL, choices: [], usage: { prompt_tokens: 12, completion_tokens: LONG_DELTAS, total_tokens: 12 + LONG_DELTAS } })}\n\n${DONE_EVENT}`,
+};
+const LONG_MESSAGES = {
+  first: MESSAGES_FIRST,
+  writes: inWrites(LONG_WORDS.map((text) => anthropicEvent('content_block_delta', { index: 0, delta: { type: 'text_delta', text } }))),
+  last: anthropicEvent('content_block_stop', { index: 0 }) +
+    anthropicEvent('message_delta', { delta: { stop_reason: 'end_turn', stop_sequence: null }, usage: { output_tokens: LONG_DELTAS } }) + MESSAGES_DONE,
+};
+/** The end of a long answer as the client sees it, in either case. */
+const LONG_LAST_WORD = JSON.stringify(LONG_WORDS.at(-1)).slice(1, -1);
+
 /** A request shaped like Codex's: long instructions, tool schemas, the whole history (store: false). */
 function codexSizedBody(model: string, stream: boolean): string {
   const prose = (n: number) => Array.from({ length: n }, (_, i) => `Rule ${i}: keep changes small, explain why, and run the tests before you finish.`).join('\n');
@@ -184,7 +213,7 @@ function runProvider(key: string): void {
     req.on('data', (c: Buffer) => chunks.push(c));
     req.on('end', () => {
       const id = `req_up_${(++n).toString(36)}`;
-      let parsed: { model?: unknown; stream?: unknown } = {};
+      let parsed: { model?: unknown; stream?: unknown; max_tokens?: unknown } = {};
       try {
         parsed = JSON.parse(Buffer.concat(chunks).toString('utf8')) as typeof parsed;
       } catch {
@@ -193,6 +222,20 @@ function runProvider(key: string): void {
       }
       if ((messages ? req.headers['x-api-key'] : req.headers.authorization) !== (messages ? key : `Bearer ${key}`)) return void res.writeHead(401).end('{"error":{"message":"bad key"}}');
       if (parsed.model !== UPSTREAM_MODEL) return void res.writeHead(400).end('{"error":{"message":"bad model"}}');
+      if (parsed.stream === true && parsed.max_tokens === LONG_MAX_TOKENS && !responses) {
+        const long = messages ? LONG_MESSAGES : LONG_CHAT;
+        res.writeHead(200, ['content-type', 'text/event-stream; charset=utf-8', 'cache-control', 'no-cache', 'x-request-id', id]);
+        res.write(long.first);
+        let next = 0;
+        const more = () => {
+          if (next < long.writes.length) {
+            res.write(long.writes[next++]);
+            setImmediate(more);
+          } else res.end(long.last);
+        };
+        setImmediate(more);
+        return;
+      }
       if (parsed.stream === true) {
         res.writeHead(200, ['content-type', 'text/event-stream; charset=utf-8', 'cache-control', 'no-cache', 'x-request-id', id]);
         res.write(responses ? RESPONSES_FIRST : messages ? MESSAGES_FIRST : FIRST_EVENT);
@@ -379,8 +422,8 @@ async function main(): Promise<number> {
 
     // The same call three ways: the client's model and key, except direct, which speaks to the provider itself.
     const messages = [{ role: 'system', content: 'You are a helpful assistant.' }, { role: 'user', content: 'Say hello to the benchmark.' }];
-    const bodyFor = (model: string, stream: boolean) =>
-      JSON.stringify(stream ? { model, messages, max_tokens: 32, stream: true, stream_options: { include_usage: true } } : { model, messages, max_tokens: 32 });
+    const bodyFor = (model: string, stream: boolean, maxTokens = 32) =>
+      JSON.stringify(stream ? { model, messages, max_tokens: maxTokens, stream: true, stream_options: { include_usage: true } } : { model, messages, max_tokens: maxTokens });
     const portOf: Record<Target, number> = { direct: provider.port, proxy: proxy.port, gateway: gateway.port };
     const req = (t: Target, stream: boolean) => rawRequest('POST', portOf[t], '/v1/chat/completions', {
       authorization: `Bearer ${t === 'direct' ? providerKey : clientKey}`, 'content-type': 'application/json',
@@ -565,14 +608,19 @@ async function main(): Promise<number> {
     // 5. Translation: a chat call to a model on an Anthropic provider (Messages upstream, the
     // answer translated back) against the bare proxy passing the same chat call through.
     const translatedResults = await compare('\n5. closed loop, chat on an Anthropic model (translated) vs the bare proxy passing chat through', 'gateway (translated)',
-      TARGET_TRANSLATED, [false, true].map((stream) => {
-        const check = stream
-          ? (b: Buffer) => { const text = b.toString('utf8'); return text.includes('"content":"Hello"') && text.endsWith('data: [DONE]\n\n'); }
-          : (b: Buffer) => b.toString('utf8').includes(`"content":"${RESPONSE_TEXT}"`);
+      TARGET_TRANSLATED, (['plain', 'streamed', 'streamed long'] as const).map((name) => {
+        const stream = name !== 'plain';
+        const maxTokens = name === 'streamed long' ? LONG_MAX_TOKENS : 32;
+        const check = name === 'plain'
+          ? (b: Buffer) => b.toString('utf8').includes(`"content":"${RESPONSE_TEXT}"`)
+          : (b: Buffer) => {
+            const text = b.toString('utf8');
+            return text.includes(name === 'streamed' ? '"content":"Hello"' : `"content":"${LONG_LAST_WORD}"`) && text.endsWith('data: [DONE]\n\n');
+          };
         return {
-          name: stream ? 'streamed' : 'plain', expectBytes: null, check, first: check,
+          name: name === 'streamed long' ? `streamed, ${LONG_DELTAS} deltas` : name, expectBytes: null, check, first: check,
           request: (t: Closed) => rawRequest('POST', portOf[t], '/v1/chat/completions', { authorization: `Bearer ${clientKey}`, 'content-type': 'application/json' },
-            bodyFor(t === 'gateway' ? TRANSLATED_MODEL : CLIENT_MODEL, stream)),
+            bodyFor(t === 'gateway' ? TRANSLATED_MODEL : CLIENT_MODEL, stream, maxTokens)),
         };
       }));
     others.endPhase('5 translated');

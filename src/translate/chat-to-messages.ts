@@ -1,4 +1,5 @@
 import { isObj } from '../protocols/common.js';
+import { textDelta } from '../protocols/messages/text-delta.js';
 import { eventData, type ParsedEvents } from '../providers/sse.js';
 import {
   argumentsObject, checkKnown, dataEvent, dataUrl, eventObject, lookup, refuse, StreamEnded, textOf, toolId, toolName,
@@ -193,10 +194,12 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
   // A chunk's text is what JSON.stringify of the whole chunk gives, with the part before its
   // delta built once per id: a stream is mostly chunks of one short delta each.
   let head = '';
-  const chunk = (delta: Record<string, unknown>, finish: string | null = null) => {
+  /** A chunk of one delta, given as its JSON text. */
+  const chunkOf = (deltaJson: string, finish: string | null) => {
     if (head === '') head = `data: {"id":${JSON.stringify(id)},"object":"chat.completion.chunk","created":${JSON.stringify(created)},"model":${JSON.stringify(call.model)},"choices":[{"index":0,"delta":`;
-    return `${head}${JSON.stringify(delta)},"logprobs":null,"finish_reason":${JSON.stringify(finish)}}]}\n\n`;
+    return `${head}${deltaJson},"logprobs":null,"finish_reason":${JSON.stringify(finish)}}]}\n\n`;
   };
+  const chunk = (delta: Record<string, unknown>, finish: string | null = null) => chunkOf(JSON.stringify(delta), finish);
   const finish = () => {
     if (done) return '';
     done = true;
@@ -208,7 +211,12 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
       if (!done) throw new StreamEnded();
       return '';
     }
-    const msg = done ? null : eventObject(eventData(event), parsed);
+    if (done) return '';
+    const data = eventData(event);
+    // A text delta (most events): its text is passed on as the JSON the provider sent, unparsed.
+    const text = data === null ? null : textDelta(data);
+    if (text !== null) return chunkOf(`{"content":${text.json}}`, null);
+    const msg = eventObject(data, parsed);
     if (msg === null) return '';
     switch (msg.type) {
       case 'message_start': {

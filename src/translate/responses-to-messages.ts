@@ -1,4 +1,5 @@
 import { isObj } from '../protocols/common.js';
+import { deltaText, textDelta } from '../protocols/messages/text-delta.js';
 import { eventData, type ParsedEvents } from '../providers/sse.js';
 import { argumentsObject, checkKnown, dataUrl, eventObject, refuse, StreamEnded, textOf, toolId, toolName } from './common.js';
 import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
@@ -244,7 +245,19 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
       if (!done) throw new StreamEnded();
       return '';
     }
-    const msg = done ? null : eventObject(eventData(ev), parsed);
+    if (done) return '';
+    const data = eventData(ev);
+    // A text delta (most events): its text is passed on as the JSON the provider sent, unparsed.
+    const text = data === null ? null : textDelta(data);
+    if (text !== null) {
+      const block = open.get(text.index);
+      if (block === undefined) return '';
+      block.text += deltaText(text);
+      // emit()'s text for these fields, in its order.
+      return `event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":${sequence++},` +
+        `"item_id":${JSON.stringify(block.item.id)},"output_index":${block.index},"content_index":0,"delta":${text.json},"logprobs":[]}\n\n`;
+    }
+    const msg = eventObject(data, parsed);
     if (msg === null) return '';
     switch (msg.type) {
       case 'message_start': {

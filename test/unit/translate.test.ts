@@ -411,4 +411,44 @@ describe('Responses client -> Anthropic provider', () => {
   });
 });
 
+describe('Anthropic text deltas, read without parsing', () => {
+  /** The fixture with every text delta's data in another field order: read by JSON.parse, not the text-delta reader. */
+  function parsedTheSlowWay(bytes: Buffer): Buffer {
+    return Buffer.from(bytes.toString('utf8').replace(/^data: (\{"type":"content_block_delta".*"text_delta".*\})$/gm, (_, data: string) => {
+      const { type, index, delta } = JSON.parse(data) as Record<string, unknown>;
+      return `data: ${JSON.stringify({ index, type, delta })}`;
+    }));
+  }
+  const streams: Array<[string, Translator, Record<string, unknown>]> = [
+    ['chat', chatToMessages, { model: 'gw-model', messages: [{ role: 'user', content: 'x' }], stream: true, stream_options: { include_usage: true } }],
+    ['Responses', responsesToMessages, { model: 'gw-model', stream: true, input: 'x', tools: [{ type: 'function', name: 'get_weather', parameters: {} }] }],
+  ];
+
+  for (const [name, t, body] of streams) {
+    test(`${name}: the same bytes out as when each delta is parsed, in every two-chunk split`, () => {
+      const bytes = readFileSync(join(FIXTURES, 'anthropic-thinking-tool-use.sse'));
+      const slow = parsedTheSlowWay(bytes);
+      assert.notEqual(slow.toString(), bytes.toString(), 'the slow-way fixture differs');
+      const want = replay(slow, slow.length, t.stream(translation(t, body)));
+      for (let at = 1; at < bytes.length; at++) assert.equal(replay(bytes, at, t.stream(translation(t, body))), want, `split at ${at}`);
+    });
+
+    test(`${name}: a text sent with escapes JSON.stringify would not write reaches the client as the same text`, () => {
+      const start = 'event: message_start\ndata: {"type":"message_start","message":{"id":"msg_1","usage":{"input_tokens":3,"output_tokens":1}}}\n\n' +
+        'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}\n\n';
+      const deltas = ['\\u00e9t\\u00E9 \\/ ok', '\\ud83d\\ude00\\n'].map((text) =>
+        `event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"${text}"}}\n\n`).join('');
+      const end = 'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n' +
+        'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":5}}\n\n' +
+        'event: message_stop\ndata: {"type":"message_stop"}\n\n';
+      const out = json(replay(Buffer.from(start + deltas + end), 1, t.stream(translation(t, body))));
+      const text = name === 'chat'
+        ? out.map((c) => (c.choices as Array<{ delta: { content?: string } }>)[0]?.delta.content ?? '').join('')
+        : out.filter((e) => e.type === 'response.output_text.delta').map((e) => e.delta).join('');
+      assert.equal(text, 'été / ok😀\n');
+      if (name === 'Responses') assert.equal(out.find((e) => e.type === 'response.output_text.done')!.text, 'été / ok😀\n');
+    });
+  }
+});
+
 type Turn = { role: string; content: Array<Record<string, unknown>> };

@@ -5,6 +5,7 @@ import {
   sendJson, sseEvent, textChars, tokensOf, withModel,
 } from '../common.js';
 import type { WireProtocol } from '../types.js';
+import { textDelta } from './text-delta.js';
 
 /** Anthropic Messages: POST /v1/messages, plain or SSE (`message_start` … `message_stop`). */
 
@@ -89,6 +90,12 @@ export const messages: WireProtocol = {
       see(event) {
         const data = eventData(event);
         if (data === null) return { forward: true, final: false };
+        // Most events of a long answer: counted without parsing (a translation reads them the same way).
+        const delta = textDelta(data);
+        if (delta !== null) {
+          ex.noteOutput(delta.chars);
+          return { forward: true, final: false };
+        }
         let msg: unknown;
         try {
           msg = ex.parsedEvents === undefined ? JSON.parse(data) : ex.parsedEvents.parse(data);
