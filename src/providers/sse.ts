@@ -114,28 +114,28 @@ export function eventData(event: string): string | null {
 const MAX_PENDING = 256;
 
 /**
- * One call's event data, parsed once for two readers: the stream's metering watcher parses
- * each event (`parse`), and a translation that reads the same events next, in the same order,
- * takes that parse (`take`) instead of parsing again. Only parses not yet taken are kept, by
- * this call alone; data that does not match what was parsed is parsed again. A value may be
- * read by both: never change it.
+ * One call's event data, read once for two readers: the stream's metering watcher reads each
+ * event (`parse`), and a translation that reads the same events next, in the same order, takes
+ * that reading (`take`) instead of reading again. Only readings not yet taken are kept, by this
+ * call alone; data that does not match what was read is read again. `read` is JSON.parse, or a
+ * protocol's faster reader of its most common events. A value may be read by both: never change it.
  */
 export class ParsedEvents {
   private readonly data: string[] = [];
   private readonly values: unknown[] = [];
   private next = 0;
 
-  /** JSON.parse of `data` (throws as it does), kept for `take`. */
-  parse(data: string): unknown {
-    const value = JSON.parse(data) as unknown;
+  /** `read(data)` (throws as it does), kept for `take`. */
+  parse(data: string, read: (data: string) => unknown = JSON.parse): unknown {
+    const value = read(data);
     if (this.data.length >= MAX_PENDING) this.clear();
     this.data.push(data);
     this.values.push(value);
     return value;
   }
 
-  /** The parse `parse` made of `data`, or a new one (throws as JSON.parse does). */
-  take(data: string): unknown {
+  /** The reading `parse` made of `data`, or a new one with `read` (throws as it does). */
+  take(data: string, read: (data: string) => unknown = JSON.parse): unknown {
     while (this.next < this.data.length) {
       const i = this.next++;
       if (this.data[i] === data) {
@@ -145,7 +145,7 @@ export class ParsedEvents {
       }
     }
     this.clear();
-    return JSON.parse(data) as unknown;
+    return read(data);
   }
 
   private clear(): void {

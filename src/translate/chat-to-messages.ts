@@ -1,8 +1,8 @@
 import { isObj } from '../protocols/common.js';
-import { textDelta } from '../protocols/messages/text-delta.js';
+import { TextDelta } from '../protocols/messages/text-delta.js';
 import { eventData, type ParsedEvents } from '../providers/sse.js';
 import {
-  argumentsObject, checkKnown, dataEvent, dataUrl, eventObject, lookup, refuse, StreamEnded, textOf, toolId, toolName,
+  anthropicEvent, argumentsObject, checkKnown, dataEvent, dataUrl, lookup, refuse, StreamEnded, textOf, toolId, toolName,
 } from './common.js';
 import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
@@ -211,13 +211,10 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
       if (!done) throw new StreamEnded();
       return '';
     }
-    if (done) return '';
-    const data = eventData(event);
-    // A text delta (most events): its text is passed on as the JSON the provider sent, unparsed.
-    const text = data === null ? null : textDelta(data);
-    if (text !== null) return chunkOf(`{"content":${text.json}}`, null);
-    const msg = eventObject(data, parsed);
+    const msg = done ? null : anthropicEvent(eventData(event), parsed);
     if (msg === null) return '';
+    // A text delta (most events): its text is passed on as the JSON the provider sent, unparsed.
+    if (msg instanceof TextDelta) return chunkOf(`{"content":${msg.json}}`, null);
     switch (msg.type) {
       case 'message_start': {
         const m = isObj(msg.message) ? msg.message : {};

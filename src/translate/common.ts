@@ -1,5 +1,6 @@
 import { hash } from 'node:crypto';
 import { isObj } from '../protocols/common.js';
+import { readEvent, TextDelta } from '../protocols/messages/text-delta.js';
 import type { ParsedEvents } from '../providers/sse.js';
 
 /** What the directions share: refusals, ids and names both protocols accept, images, SSE text. */
@@ -100,6 +101,20 @@ export function eventObject(data: string | null, parsed?: ParsedEvents): Record<
   try {
     const value = parsed === undefined ? JSON.parse(data) as unknown : parsed.take(data);
     return isObj(value) ? value : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * An Anthropic event: a TextDelta (read without JSON.parse), else its object, or null; the
+ * watcher's reading when it made one.
+ */
+export function anthropicEvent(data: string | null, parsed?: ParsedEvents): TextDelta | Record<string, unknown> | null {
+  if (data === null) return null;
+  try {
+    const value = parsed === undefined ? readEvent(data) : parsed.take(data, readEvent);
+    return value instanceof TextDelta || isObj(value) ? value : null;
   } catch {
     return null;
   }

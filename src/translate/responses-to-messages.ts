@@ -1,7 +1,7 @@
 import { isObj } from '../protocols/common.js';
-import { deltaText, textDelta } from '../protocols/messages/text-delta.js';
+import { TextDelta } from '../protocols/messages/text-delta.js';
 import { eventData, type ParsedEvents } from '../providers/sse.js';
-import { argumentsObject, checkKnown, dataUrl, eventObject, refuse, StreamEnded, textOf, toolId, toolName } from './common.js';
+import { anthropicEvent, argumentsObject, checkKnown, dataUrl, refuse, StreamEnded, textOf, toolId, toolName } from './common.js';
 import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
@@ -245,20 +245,17 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
       if (!done) throw new StreamEnded();
       return '';
     }
-    if (done) return '';
-    const data = eventData(ev);
-    // A text delta (most events): its text is passed on as the JSON the provider sent, unparsed.
-    const text = data === null ? null : textDelta(data);
-    if (text !== null) {
-      const block = open.get(text.index);
+    const msg = done ? null : anthropicEvent(eventData(ev), parsed);
+    if (msg === null) return '';
+    if (msg instanceof TextDelta) {
+      // A text delta (most events): its text is passed on as the JSON the provider sent, unparsed.
+      const block = open.get(msg.index);
       if (block === undefined) return '';
-      block.text += deltaText(text);
+      block.text += msg.text;
       // emit()'s text for these fields, in its order.
       return `event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":${sequence++},` +
-        `"item_id":${JSON.stringify(block.item.id)},"output_index":${block.index},"content_index":0,"delta":${text.json},"logprobs":[]}\n\n`;
+        `"item_id":${JSON.stringify(block.item.id)},"output_index":${block.index},"content_index":0,"delta":${msg.json},"logprobs":[]}\n\n`;
     }
-    const msg = eventObject(data, parsed);
-    if (msg === null) return '';
     switch (msg.type) {
       case 'message_start': {
         const m = isObj(msg.message) ? msg.message : {};

@@ -2,8 +2,10 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import type { Usage } from '../../src/money.js';
 import { messages } from '../../src/protocols/messages/index.js';
-import { deltaText, textDelta } from '../../src/protocols/messages/text-delta.js';
+import { readEvent, TextDelta, textDelta } from '../../src/protocols/messages/text-delta.js';
+import { ParsedEvents } from '../../src/providers/sse.js';
 import type { Exchange } from '../../src/providers/types.js';
+import { anthropicEvent } from '../../src/translate/common.js';
 import { rng } from '../helpers/fake-clock.js';
 
 /**
@@ -33,7 +35,7 @@ function assertSameAsJsonParse(d: string, label: string): void {
   assert.equal(typeof text, 'string', label);
   assert.deepEqual(parsed, { type: 'content_block_delta', index: read.index, delta: { type: 'text_delta', text } }, label);
   assert.equal(read.chars, (text as string).length, `${label}: chars`);
-  assert.equal(deltaText(read), text, `${label}: deltaText`);
+  assert.equal(read.text, text, `${label}: text`);
   assert.equal(read.plain, !read.json.includes('\\'), `${label}: plain`);
 }
 
@@ -48,7 +50,7 @@ test('textDelta reads every text JSON.stringify writes: the literal as sent, its
     assert.equal(read.index, index);
     assert.equal(read.json, JSON.stringify(text));
     assert.equal(read.chars, text.length);
-    assert.equal(deltaText(read), text);
+    assert.equal(read.text, text);
     assertSameAsJsonParse(d, JSON.stringify(d));
   }
 });
@@ -78,9 +80,12 @@ test('textDelta on damaged data: whatever it accepts, JSON.parse reads the same 
 
 test('textDelta leaves anything off the compact shape to JSON.parse', () => {
   const ok = '{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}';
-  assert.deepEqual(textDelta(ok), { index: 0, json: '"Hi"', chars: 2, plain: true });
+  assert.deepEqual(textDelta(ok), new TextDelta(0, '"Hi"', 2, true));
   assert.deepEqual(textDelta('{"type":"content_block_delta","index":12,"delta":{"type":"text_delta","text":"\\u00e9\\/"}}'),
-    { index: 12, json: '"\\u00e9\\/"', chars: 2, plain: false });
+    new TextDelta(12, '"\\u00e9\\/"', 2, false));
+  assert.ok(readEvent(ok) instanceof TextDelta);
+  assert.deepEqual(readEvent('{"type": "ping"}'), { type: 'ping' }, 'anything else: what JSON.parse makes of it');
+  assert.throws(() => readEvent('{"type":'), SyntaxError);
   for (const off of [
     '{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}}', // spaced, as in the docs
     '{"index":0,"type":"content_block_delta","delta":{"type":"text_delta","text":"Hi"}}', // another order
@@ -126,4 +131,19 @@ test('Messages watcher: text deltas are counted without JSON.parse, the same as 
   w.see(ev('{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":6}}'));
   assert.deepEqual(w.see(ev('{"type":"message_stop"}')), { forward: true, final: true });
   assert.deepEqual(w.usage(), { inputTokens: 7, outputTokens: 6, cacheReadTokens: 0, cacheWriteTokens: 0 });
+});
+
+test('a translated stream reads each text delta once: the translation takes the watcher\'s reading', () => {
+  const parsed = new ParsedEvents();
+  const ex = { noteOutput: () => {}, noteUsage: () => {}, parsedEvents: parsed } as unknown as Exchange;
+  const w = messages.watch(ex);
+  const datas = ['Hi', ' there', '{"type":"ping"}'].map((t, i) => (i < 2 ? data(t) : t));
+  const seen: unknown[] = [];
+  const read = (d: string) => { const v = readEvent(d); seen.push(v); return v; };
+  // The watcher's reading, recorded through a spy on the reader it hands ParsedEvents.
+  const parse = parsed.parse.bind(parsed);
+  parsed.parse = (d: string) => parse(d, read);
+  for (const d of datas) w.see(`event: x\ndata: ${d}\n\n`);
+  datas.forEach((d, i) => assert.equal(anthropicEvent(d, parsed), seen[i], `event ${i}: the watcher's reading, not a new one`));
+  assert.ok(seen[0] instanceof TextDelta && seen[1] instanceof TextDelta);
 });

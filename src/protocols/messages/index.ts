@@ -5,7 +5,7 @@ import {
   sendJson, sseEvent, textChars, tokensOf, withModel,
 } from '../common.js';
 import type { WireProtocol } from '../types.js';
-import { textDelta } from './text-delta.js';
+import { readEvent, TextDelta } from './text-delta.js';
 
 /** Anthropic Messages: POST /v1/messages, plain or SSE (`message_start` … `message_stop`). */
 
@@ -90,16 +90,15 @@ export const messages: WireProtocol = {
       see(event) {
         const data = eventData(event);
         if (data === null) return { forward: true, final: false };
-        // Most events of a long answer: counted without parsing (a translation reads them the same way).
-        const delta = textDelta(data);
-        if (delta !== null) {
-          ex.noteOutput(delta.chars);
-          return { forward: true, final: false };
-        }
         let msg: unknown;
         try {
-          msg = ex.parsedEvents === undefined ? JSON.parse(data) : ex.parsedEvents.parse(data);
+          msg = ex.parsedEvents === undefined ? readEvent(data) : ex.parsedEvents.parse(data, readEvent);
         } catch {
+          return { forward: true, final: false };
+        }
+        if (msg instanceof TextDelta) {
+          // Most events of a long answer, counted without JSON.parse.
+          ex.noteOutput(msg.chars);
           return { forward: true, final: false };
         }
         if (!isObj(msg)) return { forward: true, final: false };

@@ -9,15 +9,22 @@
  * spacing, field order or fields, another delta) is left to JSON.parse, so nothing a provider
  * sends is read differently, only faster.
  */
-export interface TextDelta {
-  /** The content block's index. */
-  readonly index: number;
-  /** The text as its JSON string literal, quotes included, as the provider sent it (valid JSON). */
-  readonly json: string;
-  /** The text's length in UTF-16 units, as JSON.parse would make it. */
-  readonly chars: number;
-  /** The literal has no escapes: the text is the literal without its quotes. */
-  readonly plain: boolean;
+export class TextDelta {
+  constructor(
+    /** The content block's index. */
+    readonly index: number,
+    /** The text as its JSON string literal, quotes included, as the provider sent it (valid JSON). */
+    readonly json: string,
+    /** The text's length in UTF-16 units, as JSON.parse would make it. */
+    readonly chars: number,
+    /** The literal has no escapes: the text is the literal without its quotes. */
+    readonly plain: boolean,
+  ) {}
+
+  /** The text, decoded. */
+  get text(): string {
+    return this.plain ? this.json.slice(1, -1) : JSON.parse(this.json) as string;
+  }
 }
 
 const HEAD = '{"type":"content_block_delta","index":';
@@ -59,12 +66,15 @@ export function textDelta(data: string): TextDelta | null {
   }
   // The two objects close right after the text, and the data ends there.
   if (data.length !== i + 3 || data.charCodeAt(i + 1) !== 125 || data.charCodeAt(i + 2) !== 125) return null;
-  return { index, json: data.slice(open, i + 1), chars, plain };
+  return new TextDelta(index, data.slice(open, i + 1), chars, plain);
 }
 
-/** The text of a delta, decoded. */
-export function deltaText(delta: TextDelta): string {
-  return delta.plain ? delta.json.slice(1, -1) : JSON.parse(delta.json) as string;
+/**
+ * An Anthropic event's data, read: a TextDelta, or else what JSON.parse makes of it (throws as
+ * JSON.parse does). A TextDelta is never what JSON.parse returns, so `instanceof` tells them apart.
+ */
+export function readEvent(data: string): unknown {
+  return textDelta(data) ?? JSON.parse(data) as unknown;
 }
 
 function hex4(s: string, at: number): boolean {
