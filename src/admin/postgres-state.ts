@@ -32,6 +32,8 @@ export class PostgresAdminStore extends AdminStore {
   private readonly table: string;
   private readonly channel: string;
   private listener: PgListener | null = null;
+  /** A listening connection being made (its LISTEN may hang on a database that stopped answering). */
+  private connecting: PgListener | null = null;
   private changed: (() => void) | null = null;
   private closed = false;
   private retry: NodeJS.Timeout | null = null;
@@ -88,12 +90,15 @@ export class PostgresAdminStore extends AdminStore {
     };
     listener.on('error', lost);
     listener.on('end', lost);
+    this.connecting = listener;
     try {
       await listener.connect();
       await listener.query(`LISTEN "${this.channel}"`);
     } catch (err) {
       await listener.end().catch(() => {}); // a connection that failed half-way is not kept
       throw err;
+    } finally {
+      this.connecting = null;
     }
     if (this.closed) return void listener.end().catch(() => {}); // closed meanwhile
     this.listener = listener;
@@ -111,7 +116,7 @@ export class PostgresAdminStore extends AdminStore {
   override async close(): Promise<void> {
     this.closed = true;
     if (this.retry !== null) clearTimeout(this.retry);
-    const listener = this.listener;
-    if (listener !== null) await endWithin(() => listener.end());
+    const open = [this.listener, this.connecting].filter((l) => l !== null);
+    await Promise.all(open.map((l) => endWithin(() => l.end(), () => [l])));
   }
 }

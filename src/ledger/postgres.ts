@@ -11,6 +11,8 @@ import type { AccountTotals, GroupBy, HistoryPage, Ledger, LedgerEntry, UsageRow
 /** The part of the `pg` package's Pool the ledger uses (the package is an optional peer dependency). */
 export interface PgPool extends Pool {
   on(event: 'error', listener: (err: Error) => void): unknown;
+  /** A client connected, or left the pool. */
+  on(event: 'connect' | 'remove', listener: (client: unknown) => void): unknown;
   end(): Promise<void>;
 }
 
@@ -21,15 +23,31 @@ export interface PgPackage {
   Client: new (options: Record<string, unknown>) => PgListener;
 }
 
+/** A pg client's socket, as pg keeps it (pg has no public way to cut a connection; it cuts a dead one this way itself). */
+interface PgSocketOwner { connection?: { stream?: { destroy(): void } } }
+
 /**
  * Ends a pool or a connection without waiting on a database that stopped answering (a drain
  * must end): pg's end() waits for the server to close each socket, which a frozen server never
- * does. Past `ms`, the connections are left to the process's exit.
+ * does. Past `ms`, the sockets of `clients()` are cut, so that nothing keeps the process alive
+ * (an embedding process goes on after its gateway closed).
  */
-export async function endWithin(end: () => Promise<void>, ms = 2000): Promise<void> {
+export async function endWithin(end: () => Promise<void>, clients: () => Iterable<unknown>, ms = 2000): Promise<void> {
   let timer: NodeJS.Timeout | undefined;
-  await Promise.race([end().catch(noop), new Promise<void>((resolve) => { timer = setTimeout(resolve, ms); })]);
+  const ended = await Promise.race([
+    end().then(() => true, () => true),
+    new Promise<boolean>((resolve) => { timer = setTimeout(() => resolve(false), ms); }),
+  ]);
   clearTimeout(timer);
+  if (!ended) for (const client of clients()) (client as PgSocketOwner).connection?.stream?.destroy();
+}
+
+/** The clients a pool holds now, kept up to date from its events. */
+export function poolClients(pool: PgPool): Set<unknown> {
+  const clients = new Set<unknown>();
+  pool.on('connect', (client) => clients.add(client));
+  pool.on('remove', (client) => clients.delete(client));
+  return clients;
 }
 
 /** Loads the optional `pg` package only when the config asks for it. */
@@ -109,7 +127,7 @@ export class PostgresLedger implements Ledger {
   private readonly appendName: string;
 
   /** The connections, shared with the admin state kept in the same database. */
-  private constructor(readonly pool: PgPool, schema: string, options: PostgresLedgerOptions) {
+  private constructor(readonly pool: PgPool, private readonly clients: Set<unknown>, schema: string, options: PostgresLedgerOptions) {
     this.logger = options.logger;
     this.retryMs = options.retryMs ?? 1000;
     const q = `"${schema}"`;
@@ -146,18 +164,19 @@ export class PostgresLedger implements Ledger {
     const { Pool } = loadPg();
     // A statement that hangs (a database that stopped answering) fails after query_timeout instead.
     const pool = new Pool({ connectionString: options.url, max: options.poolSize ?? 4, connectionTimeoutMillis: 5000, query_timeout: 10_000 });
+    const clients = poolClients(pool);
     let ledger: PostgresLedger | null = null;
     // An idle connection that breaks (the server went away) must not take the process with it;
     // it says at once that the database is gone.
     pool.on('error', (err) => ledger?.lost(err));
     try {
       await migrate(pool, options.schema);
-      ledger = new PostgresLedger(pool, options.schema, options);
+      ledger = new PostgresLedger(pool, clients, options.schema, options);
       await ledger.load();
       ledger.startHeartbeat();
       return ledger;
     } catch (err) {
-      await pool.end().catch(noop);
+      await endWithin(() => pool.end(), () => clients);
       throw new Error(`the PostgreSQL ledger could not start: ${(err as Error).message}`);
     }
   }
@@ -426,7 +445,7 @@ export class PostgresLedger implements Ledger {
     this.closed = true;
     if (this.retryTimer !== null) clearTimeout(this.retryTimer);
     if (this.heartbeat !== null) clearInterval(this.heartbeat);
-    await endWithin(() => this.pool.end());
+    await endWithin(() => this.pool.end(), () => this.clients);
   }
 }
 

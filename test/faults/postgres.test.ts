@@ -1,6 +1,7 @@
 import assert from 'node:assert/strict';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
+import { Socket } from 'node:net';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { createGateway, type EmbeddedGateway } from '../../src/create.js';
@@ -162,6 +163,13 @@ describe('PostgreSQL frozen when the gateway closes', { skip: noPrivateCluster }
       clearTimeout(timer);
       assert.equal(outcome, 'closed');
       assert.ok(Date.now() - t0 < 10_000, `closed in ${Date.now() - t0} ms`);
+      // Nothing of the gateway's stays connected to the frozen database, so an embedding process
+      // can end: open connections are cut at the close's deadline, and one still being made
+      // gives up at its connection timeout (5 s). Node lists a process's open handles only
+      // through this internal call.
+      const toDatabase = () => (process as unknown as { _getActiveHandles(): unknown[] })._getActiveHandles()
+        .filter((h) => h instanceof Socket && !h.destroyed && h.remotePort === pg.port).length;
+      await until(() => toDatabase() === 0, 7000, 'no connection to the frozen database left');
     } finally {
       pg.resume();
     }
