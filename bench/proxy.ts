@@ -615,7 +615,10 @@ async function main(): Promise<number> {
           ? (b: Buffer) => b.toString('utf8').includes(`"content":"${RESPONSE_TEXT}"`)
           : (b: Buffer) => {
             const text = b.toString('utf8');
-            return text.includes(name === 'streamed' ? '"content":"Hello"' : `"content":"${LONG_LAST_WORD}"`) && text.endsWith('data: [DONE]\n\n');
+            // The long answer whole: its first chunk's "" and every delta, the last one included.
+            const whole = name === 'streamed' ? text.includes('"content":"Hello"')
+              : text.split('"content":').length === LONG_DELTAS + 2 && text.includes(`"content":"${LONG_LAST_WORD}"`);
+            return whole && text.endsWith('data: [DONE]\n\n');
           };
         return {
           name: name === 'streamed long' ? `streamed, ${LONG_DELTAS} deltas` : name, expectBytes: null, check, first: check,

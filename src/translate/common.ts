@@ -99,7 +99,9 @@ export function answerArguments(args: unknown): Record<string, unknown> {
 export function eventObject(data: string | null, parsed?: ParsedEvents): Record<string, unknown> | null {
   if (data === null) return null;
   try {
-    const value = parsed === undefined ? JSON.parse(data) as unknown : parsed.take(data);
+    let value = parsed === undefined ? JSON.parse(data) as unknown : parsed.take(data);
+    // A watcher that read Anthropic's text deltas its own way: this reader wants the object.
+    if (value instanceof TextDelta) value = JSON.parse(data) as unknown;
     return isObj(value) ? value : null;
   } catch {
     return null;

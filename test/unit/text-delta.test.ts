@@ -5,7 +5,7 @@ import { messages } from '../../src/protocols/messages/index.js';
 import { readEvent, TextDelta, textDelta } from '../../src/protocols/messages/text-delta.js';
 import { ParsedEvents } from '../../src/providers/sse.js';
 import type { Exchange } from '../../src/providers/types.js';
-import { anthropicEvent } from '../../src/translate/common.js';
+import { anthropicEvent, eventObject } from '../../src/translate/common.js';
 import { rng } from '../helpers/fake-clock.js';
 
 /**
@@ -139,11 +139,14 @@ test('a translated stream reads each text delta once: the translation takes the 
   const w = messages.watch(ex);
   const datas = ['Hi', ' there', '{"type":"ping"}'].map((t, i) => (i < 2 ? data(t) : t));
   const seen: unknown[] = [];
-  const read = (d: string) => { const v = readEvent(d); seen.push(v); return v; };
-  // The watcher's reading, recorded through a spy on the reader it hands ParsedEvents.
+  // The watcher's readings, recorded as it makes them with the reader it chose.
   const parse = parsed.parse.bind(parsed);
-  parsed.parse = (d: string) => parse(d, read);
+  parsed.parse = (d: string, reader?: (d: string) => unknown) => { const v = parse(d, reader); seen.push(v); return v; };
   for (const d of datas) w.see(`event: x\ndata: ${d}\n\n`);
   datas.forEach((d, i) => assert.equal(anthropicEvent(d, parsed), seen[i], `event ${i}: the watcher's reading, not a new one`));
-  assert.ok(seen[0] instanceof TextDelta && seen[1] instanceof TextDelta);
+  assert.ok(seen[0] instanceof TextDelta && seen[1] instanceof TextDelta, 'the watcher reads text deltas as such');
+  // A reader of plain objects handed a TextDelta gets the object all the same.
+  const other = new ParsedEvents();
+  other.parse(datas[0]!, readEvent);
+  assert.deepEqual(eventObject(datas[0]!, other), JSON.parse(datas[0]!));
 });

@@ -414,10 +414,13 @@ describe('Responses client -> Anthropic provider', () => {
 describe('Anthropic text deltas, read without parsing', () => {
   /** The fixture with every text delta's data in another field order: read by JSON.parse, not the text-delta reader. */
   function parsedTheSlowWay(bytes: Buffer): Buffer {
-    return Buffer.from(bytes.toString('utf8').replace(/^data: (\{"type":"content_block_delta".*"text_delta".*\})$/gm, (_, data: string) => {
+    // Line by line on "\n" only (a regex's ^, $ and . would also stop at U+2028 inside a text).
+    const out = Buffer.from(bytes.toString('utf8').replace(/(?<=^|\n)data: (\{"type":"content_block_delta"[^\n]*\})(?=\n)/g, (_, data: string) => {
       const { type, index, delta } = JSON.parse(data) as Record<string, unknown>;
       return `data: ${JSON.stringify({ index, type, delta })}`;
     }));
+    assert.ok(!out.includes('{"type":"content_block_delta"'), 'every delta rewritten');
+    return out;
   }
   const streams: Array<[string, Translator, Record<string, unknown>]> = [
     ['chat', chatToMessages, { model: 'gw-model', messages: [{ role: 'user', content: 'x' }], stream: true, stream_options: { include_usage: true } }],
@@ -431,6 +434,34 @@ describe('Anthropic text deltas, read without parsing', () => {
       assert.notEqual(slow.toString(), bytes.toString(), 'the slow-way fixture differs');
       const want = replay(slow, slow.length, t.stream(translation(t, body)));
       for (let at = 1; at < bytes.length; at++) assert.equal(replay(bytes, at, t.stream(translation(t, body))), want, `split at ${at}`);
+    });
+
+    test(`${name}: texts with every escape, another block index, a delta for no block: the same bytes as parsed, and no delta parsed`, () => {
+      const ev = (type: string, fields: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, ...fields })}\n\n`;
+      const texts = ['a"b\\c/', 'line\nbreak\r\t\b\f', '\u0000\u001f\u007f', 'é€\u2028😀', '\ud800 lone \udfff', ''];
+      const deltas = [...texts.map((text) => ev('content_block_delta', { index: 3, delta: { type: 'text_delta', text } })),
+        ev('content_block_delta', { index: 9, delta: { type: 'text_delta', text: 'no such block' } })];
+      const others = [
+        ev('message_start', { message: { id: 'msg_1', usage: { input_tokens: 3, output_tokens: 1 } } }),
+        ev('content_block_start', { index: 3, content_block: { type: 'text', text: '' } }),
+        ev('content_block_stop', { index: 3 }),
+        ev('message_delta', { delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 9 } }),
+        ev('message_stop', {}),
+      ];
+      const bytes = Buffer.from(others[0]! + others[1]! + deltas.join('') + others.slice(2).join(''));
+      const parse = JSON.parse;
+      let parses = 0;
+      JSON.parse = (...args: Parameters<typeof parse>) => (parses++, parse(...args));
+      let fast: string;
+      try {
+        fast = replay(bytes, bytes.length, t.stream(translation(t, body)));
+      } finally {
+        JSON.parse = parse;
+      }
+      const plainTexts = texts.filter((text) => !JSON.stringify(text).includes('\\')).length;
+      assert.equal(parses, others.length + (name === 'Responses' ? texts.length - plainTexts : 0),
+        'only the other events are parsed (and, for Responses, the escaped texts it keeps for the done event)');
+      assert.equal(fast, replay(parsedTheSlowWay(bytes), bytes.length, t.stream(translation(t, body))));
     });
 
     test(`${name}: a text sent with escapes JSON.stringify would not write reaches the client as the same text`, () => {
