@@ -5,8 +5,15 @@ export type Sink = (text: string) => void;
 
 /** Lines wait about this long before they are written (more while an earlier batch is still being written). */
 const BATCH_MS = 10;
-/** A batch this large is written at once rather than at the end of its wait. */
-const BATCH_BYTES = 65_536;
+/**
+ * A batch this large is written at once rather than at the end of its wait. To a descriptor:
+ * each write is a thread-pool hand-off that costs the event loop 35-80 µs whatever its size, so
+ * fewer, larger writes (at 100,000 lines a second, 256 KiB a write took ~0.26 µs a line less
+ * than 64 KiB). To a sink, as text: 64 KiB, below the size V8 gives a string of its own heap
+ * space (larger made each line dearer).
+ */
+const BATCH_BYTES_FD = 262_144;
+const BATCH_BYTES_SINK = 65_536;
 /** How soon a write is tried again when the descriptor is non-blocking and full (EAGAIN). */
 const RETRY_MS = 5;
 
@@ -31,11 +38,13 @@ export class LogOutput {
   private stuck = false;
   private scheduled = false;
   private waiting: (() => void)[] = [];
+  private readonly batchBytes: number;
 
   constructor(private readonly target: number | Sink, capacityBytes: number) {
     // allocUnsafe: pages are touched only as lines fill them, so an idle log costs no memory.
     this.filling = Buffer.allocUnsafe(capacityBytes);
     this.spare = Buffer.allocUnsafe(capacityBytes);
+    this.batchBytes = typeof target === 'function' ? BATCH_BYTES_SINK : BATCH_BYTES_FD;
   }
 
   /** Buffers one line (without its newline); drops it, counted, when there is no room. */
@@ -76,7 +85,7 @@ export class LogOutput {
   }
 
   private lineAdded(): void {
-    if (this.used >= BATCH_BYTES) this.send();
+    if (this.used >= this.batchBytes) this.send();
     else this.sendSoon();
   }
 
@@ -188,7 +197,7 @@ export class LogOutput {
       // What came in meanwhile waits for its batch to fill or its time to pass, like any other
       // batch: sent at once, it would make under load one write (a thread-pool hand-off, ~30 µs
       // of the event loop's time) per few lines. A flush that waits is served at once.
-      if (this.used >= BATCH_BYTES || this.waiting.length > 0) this.send();
+      if (this.used >= this.batchBytes || this.waiting.length > 0) this.send();
       else if (this.used > 0) this.sendSoon();
       else this.settleIfIdle();
     });
