@@ -93,7 +93,7 @@ test('log output to a file under a steady stream: the lines that come in while a
     const output = new LogOutput(fd, 1_048_576);
     const line = (i: number) => `${String(i).padStart(6, '0')} ${'x'.repeat(192)}`; // 200 bytes with its newline
     let i = 0;
-    while (output.batches === 0) output.line(line(i++)); // the line that fills 64 KB sends the batch
+    while (output.batches === 0) output.line(line(i++)); // the line that fills a batch (256 KiB to a file) sends it
     const first = i;
     for (let k = 0; k < 5; k++) output.line(line(i++)); // these come in while it is written
     mock.timers.tick(10); // their wait is over while the write is still under way: nothing sent
