@@ -137,8 +137,8 @@ const MESSAGES_DONE = anthropicEvent('message_stop', {});
  * A long streamed answer (phase 5): LONG_DELTAS text deltas, sent ten events per write, as chat
  * chunks or as Anthropic events. A request asks for it with max_tokens LONG_MAX_TOKENS.
  */
-const LONG_DELTAS = 200;
-const LONG_MAX_TOKENS = 1024;
+export const LONG_DELTAS = 200;
+export const LONG_MAX_TOKENS = 1024;
 const LONG_WORDS = Array.from({ length: LONG_DELTAS }, (_, i) => ` ${['Sure,', 'here', 'is', 'a', '"longer"', 'answer', 'with', 'ünïcödé', 'and\n', 'lines.'][i % 10]}`);
 function inWrites(events: string[]): string[] {
   const writes: string[] = [];

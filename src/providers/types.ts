@@ -32,7 +32,7 @@ export interface Exchange {
    * for a model of one provider; 1 on a routed call, where the next attempt is another deployment's.
    */
   readonly maxAttempts: number;
-  /** Set on a translated call: the stream's watcher parses each event there, for the translation to take. */
+  /** Set on a translated stream: its watcher reads each event there, for the translation to take. */
   readonly parsedEvents?: ParsedEvents;
   /** True once the client has gone away. */
   readonly aborted: boolean;

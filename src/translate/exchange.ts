@@ -16,7 +16,7 @@ export class TranslatedCall extends WrappedExchange {
   private readonly transduce: ((event: string | null) => string) | null;
   private held: { status: number; extra: string[] } | null = null;
   private readonly dropped: string[];
-  /** A stream's events, parsed once by its watcher for the translation to take. */
+  /** A stream's events, read once by its watcher for the translation to take. */
   private readonly parsed: ParsedEvents | undefined;
 
   constructor(inner: Exchange, private readonly translator: Translator, request: TranslatedRequest, private readonly call: Translation) {
