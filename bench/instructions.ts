@@ -1,11 +1,14 @@
 /**
  * Instructions per proxied call (`--call chat`) or per `GET /v1/models` (`--call models`),
  * counted by valgrind's callgrind: the bare Node proxy of proxy.ts, or the bare node:http
- * baseline of baseline.ts, against one or more builds of the gateway. Timings on this 2-vCPU VM move by ±10 %
+ * baseline of baseline.ts, against one or more builds of the gateway. `--call messages-long`
+ * and `--call chat-long` count a long streamed answer (proxy.ts's 200 deltas) from a model on an
+ * Anthropic provider, passed through (`/v1/messages`) or translated (chat): builds only, no bare
+ * server. Timings on this 2-vCPU VM move by ±10 %
  * from one minute to the next; instruction counts repeat within about 1 %, so this is how a
  * change to the hot path is judged before the timed bench (proxy.ts) confirms it.
  *
- *   npm run build && node --import tsx bench/instructions.ts [--call chat|models] [--gateway NAME=DIST_DIR ...]
+ *   npm run build && node --import tsx bench/instructions.ts [--call chat|models|messages-long|chat-long] [--gateway NAME=DIST_DIR ...]
  *     [--warmup 15] [--window 8] [--windows 3]
  *
  * Each server runs under `valgrind --tool=callgrind` with instrumentation off, is warmed up
@@ -23,6 +26,7 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'n
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { bool, choice, fmtInt, int, median, num, parseFlags, runMain, strs } from './cli.js';
+import { LONG_MAX_TOKENS } from './proxy.js';
 import { closedLoop, once, rawRequest, startChild, stopChild, type Child } from './rawhttp.js';
 
 const ROOT = resolve(__dirname, '..');
@@ -35,7 +39,10 @@ const PROXY = join(__dirname, 'proxy.ts');
 const BASELINE = join(__dirname, 'baseline.ts');
 
 const FLAGS = {
-  call: choice({ choices: ['chat', 'models'], default: 'chat', help: 'a proxied chat call (against the bare proxy), or GET /v1/models (against the bare baseline)' }),
+  call: choice({
+    choices: ['chat', 'models', 'messages-long', 'chat-long'], default: 'chat',
+    help: 'a proxied chat call (against the bare proxy), GET /v1/models (against the bare baseline), or a long stream passed through or translated (builds only)',
+  }),
   gateways: strs({ name: 'gateway', arg: 'NAME=DIST_DIR', pattern: /^[\w-]+=.+$/, help: 'a build to measure (default: gateway=dist)' }),
   warmupS: num({ name: 'warmup', default: 15, help: 'seconds of warmup per server' }),
   windowS: num({ name: 'window', default: 8, help: 'seconds per counted window' }),
@@ -66,18 +73,27 @@ async function main(): Promise<void> {
       plans: { bench: { ...(flags.rpm === 0 ? {} : { rpm: flags.rpm }), concurrency: 100_000, dailyCapUsd: 'unlimited' } },
       accounts: { acct_bench: { plan: 'bench' } },
       keys: { key_bench: { account: 'acct_bench', sha256: hash('sha256', clientKey) } },
-      models: { 'gpt-bench': { provider: 'fake', upstreamModel: 'gpt-upstream-bench', price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } } },
-      providers: { fake: { protocol: 'openai', baseUrl: `http://127.0.0.1:${provider.port}/v1`, apiKeyEnv: 'BENCH_PROVIDER_KEY' } },
+      models: {
+        'gpt-bench': { provider: 'fake', upstreamModel: 'gpt-upstream-bench', price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } },
+        'claude-bench': { provider: 'fake-anthropic', upstreamModel: 'gpt-upstream-bench', price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } },
+      },
+      providers: {
+        fake: { protocol: 'openai', baseUrl: `http://127.0.0.1:${provider.port}/v1`, apiKeyEnv: 'BENCH_PROVIDER_KEY' },
+        'fake-anthropic': { protocol: 'anthropic', baseUrl: `http://127.0.0.1:${provider.port}`, apiKeyEnv: 'BENCH_PROVIDER_KEY' },
+      },
     };
     writeFileSync(join(dir, 'gateway.json'), JSON.stringify(config));
     const models = flags.call === 'models';
-    const bare = models ? 'baseline' : 'proxy';
-    const bareArgs = models ? [BASELINE, '--config', join(dir, 'gateway.json'), '--port', '0']
-      : [PROXY, '--role', 'proxy', '--key', providerKey, '--upstream', String(provider.port)];
-    const reference = await startChild(bare, underCallgrind(bare)[0]!, [...underCallgrind(bare).slice(1), '--import', 'tsx', ...bareArgs],
-      dir, { cwd: ROOT, timeoutMs: 120_000 });
-    children.push(reference);
-    servers.push({ name: bare, child: reference });
+    const long = flags.call === 'messages-long' || flags.call === 'chat-long';
+    if (!long) {
+      const bare = models ? 'baseline' : 'proxy';
+      const bareArgs = models ? [BASELINE, '--config', join(dir, 'gateway.json'), '--port', '0']
+        : [PROXY, '--role', 'proxy', '--key', providerKey, '--upstream', String(provider.port)];
+      const reference = await startChild(bare, underCallgrind(bare)[0]!, [...underCallgrind(bare).slice(1), '--import', 'tsx', ...bareArgs],
+        dir, { cwd: ROOT, timeoutMs: 120_000 });
+      children.push(reference);
+      servers.push({ name: bare, child: reference });
+    }
     for (const [name, dist] of gateways) {
       const child = await startChild(name, underCallgrind(name)[0]!, [...underCallgrind(name).slice(1), join(resolve(ROOT, dist), 'main.js'),
         '--config', join(dir, 'gateway.json'), '--port', '0'], dir, { cwd: ROOT, env: { ...process.env, BENCH_PROVIDER_KEY: providerKey }, timeoutMs: 120_000 });
@@ -85,14 +101,15 @@ async function main(): Promise<void> {
       servers.push({ name, child });
     }
 
-    const body = JSON.stringify({
-      model: 'gpt-bench', max_tokens: 32,
-      messages: [{ role: 'system', content: 'You are a helpful assistant.' }, { role: 'user', content: 'Say hello to the benchmark.' }],
-    });
-    process.stdout.write(`instructions per ${models ? 'GET /v1/models' : 'proxied call'} (callgrind, main thread), node ${process.version}\n`);
+    const user = { role: 'user', content: 'Say hello to the benchmark.' };
+    const body = long ? JSON.stringify({ model: 'claude-bench', max_tokens: LONG_MAX_TOKENS, stream: true, messages: [user] })
+      : JSON.stringify({ model: 'gpt-bench', max_tokens: 32, messages: [{ role: 'system', content: 'You are a helpful assistant.' }, user] });
+    const path = flags.call === 'messages-long' ? '/v1/messages' : '/v1/chat/completions';
+    const what = models ? 'GET /v1/models' : long ? `${flags.call} call` : 'proxied call';
+    process.stdout.write(`instructions per ${what} (callgrind, main thread), node ${process.version}\n`);
     for (const { name, child } of servers) {
       const request = models ? rawRequest('GET', child.port, '/v1/models', { authorization: `Bearer ${clientKey}` })
-        : rawRequest('POST', child.port, '/v1/chat/completions', { authorization: `Bearer ${clientKey}`, 'content-type': 'application/json' }, body);
+        : rawRequest('POST', child.port, path, { authorization: `Bearer ${clientKey}`, 'content-type': 'application/json' }, body);
       const first = await once(child.port, request, 60_000);
       if (first.status !== 200) throw new Error(`${name} answered ${first.status}`);
       await closedLoop({ port: child.port, requests: [request], durationS: flags.warmupS, connections: 32 });

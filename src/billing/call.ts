@@ -112,8 +112,8 @@ export class BilledCall implements Exchange {
     this.res.writeHead(status, headers);
   }
 
-  write(chunk: string): boolean {
-    return this.res.write(chunk);
+  write(chunk: string, raw?: Buffer): boolean {
+    return this.res.write(raw ?? chunk);
   }
 
   whenDrained(resume: () => void): void {

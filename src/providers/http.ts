@@ -437,6 +437,7 @@ export class HttpProvider implements Provider {
       if (ended) return;
       idle.refresh();
       let out = '';
+      let all = true;
       for (const event of splitter.push(chunk)) {
         const seen = watcher.see(event);
         if (seen.final) {
@@ -448,8 +449,10 @@ export class HttpProvider implements Provider {
           return;
         }
         if (seen.forward) out += event;
+        else all = false;
       }
-      if (out !== '' && !ex.write(out)) {
+      // Every event of a chunk that was exactly whole events goes on: its bytes are the answer's.
+      if (out !== '' && !ex.write(out, all && splitter.whole ? chunk : undefined)) {
         res.pause(); // backpressure: a slow client slows the provider, the gateway does not buffer
         waitingForClient = true;
         ex.whenDrained(resume);

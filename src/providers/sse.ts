@@ -1,3 +1,4 @@
+import { isUtf8 } from 'node:buffer';
 import { StringDecoder } from 'node:string_decoder';
 
 /** An event (or the text before its end) grew past the splitter's bound. */
@@ -17,7 +18,15 @@ export class EventTooLarge extends Error {
  * not grow past `maxEventChars`: a provider that streams one endless line is cut, not buffered.
  */
 export class SseSplitter {
+  /**
+   * The chunk last pushed is, byte for byte, the events it gave (valid UTF-8, no CR, nothing
+   * held from before it, nothing left after it): a relay that passes all of them on unchanged
+   * may send the chunk itself, not encode their text again (a provider usually writes whole events).
+   */
+  whole = false;
   private readonly decoder = new StringDecoder('utf8');
+  /** The decoder holds no part of a character: the chunk before was valid UTF-8 (or there was none). */
+  private decoderEmpty = true;
   /** Text of an event not yet ended, in the pieces it arrived in. */
   private held: string[] = [];
   private heldChars = 0;
@@ -30,11 +39,18 @@ export class SseSplitter {
 
   /** The complete events in `chunk` (plus what was held), each with its trailing "\n\n". Throws EventTooLarge. */
   push(chunk: Buffer): string[] {
+    // Valid UTF-8 decodes to text that encodes back to the same bytes, and leaves nothing in the decoder.
+    this.whole = false;
+    if (chunk.length === 0) return NONE;
+    const valid = isUtf8(chunk);
+    const clean = valid && this.decoderEmpty && this.heldChars === 0 && !this.pendingCr;
+    this.decoderEmpty = valid;
     let text = this.decoder.write(chunk);
     if (text === '') return NONE;
     if (this.pendingCr && text.charCodeAt(0) === 10) text = text.slice(1);
     this.pendingCr = text.charCodeAt(text.length - 1) === 13;
-    if (text.includes('\r')) text = text.replace(/\r\n?/g, '\n');
+    const hasCr = text.includes('\r');
+    if (hasCr) text = text.replace(/\r\n?/g, '\n');
     let events: string[] = NONE;
     let start = 0;
     if (this.heldChars > 0 && this.heldEndsInLf && text.charCodeAt(0) === 10) {
@@ -52,7 +68,7 @@ export class SseSplitter {
       this.heldChars += text.length - start;
       this.heldEndsInLf = text.charCodeAt(text.length - 1) === 10;
       if (this.heldChars > this.maxEventChars) throw new EventTooLarge(this.maxEventChars);
-    }
+    } else this.whole = clean && !hasCr;
     return events;
   }
 

@@ -42,9 +42,11 @@ export interface Exchange {
   head(status: number, contentType: string, extra?: string[]): void;
   /**
    * Writes part of an answer; false when the client is not keeping up: stop producing (pause
-   * the provider) until `whenDrained`.
+   * the provider) until `whenDrained`. `raw`, when given, is `chunk` exactly as the provider's
+   * bytes (a relay passing whole events on unchanged): sent as it is, rather than encoding
+   * `chunk` again. A layer that changes the text ignores it.
    */
-  write(chunk: string): boolean;
+  write(chunk: string, raw?: Buffer): boolean;
   /**
    * Runs `resume` once the client has read what is buffered. Meanwhile the call is waiting for
    * the client, not for the provider; a client that reads nothing for

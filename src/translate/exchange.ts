@@ -42,6 +42,7 @@ export class TranslatedCall extends WrappedExchange {
     else this.inner.head(status, contentType, [...extra, ...this.dropped]);
   }
 
+  /** The provider's bytes (`raw`) are not the client's here: only the text is read. */
   override write(chunk: string): boolean {
     const out = this.events(chunk);
     if (out === null) return false; // cut: the relay waits for a drain that never comes, and the close ends it

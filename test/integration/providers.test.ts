@@ -102,6 +102,31 @@ describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
     assert.ok(sseData(await asked.text()).some((e) => e.includes('"completion_tokens":50')));
   });
 
+  test('chat stream in whole-event writes: passed on byte for byte, except an event the client did not ask for', async () => {
+    // Each write is whole events (the relay may then send the provider's own bytes): text in
+    // several scripts, escapes as the provider wrote them, the usage chunk in the same write as text.
+    const chunk = (content: string) => `data: {"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"${content}"},"finish_reason":null}]}\n\n`;
+    const usageChunk = 'data: {"id":"c","object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":100,"completion_tokens":50,"total_tokens":150}}\n\n';
+    const writes = [chunk('caf\\u00e9 ') + chunk('ünïcödé, 𝄞, 日本語'), chunk('"q"\\n') + usageChunk];
+    const send = (_req: unknown, res: import('node:http').ServerResponse) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(writes[0]);
+      setTimeout(() => {
+        res.write(writes[1]);
+        setTimeout(() => res.end('data: [DONE]\n\n'), 20);
+      }, 20);
+    };
+    up.queue.push(send);
+    const asked = await postJson(`${gw.url}/v1/chat/completions`, 'sk-client',
+      chatBody('gpt-x', 'x', { stream: true, stream_options: { include_usage: true } }));
+    assert.equal(Buffer.from(await asked.arrayBuffer()).toString('utf8'), `${writes.join('')}data: [DONE]\n\n`);
+    assert.equal(lastCharge().amountMicro, -200);
+
+    up.queue.push(send);
+    const plain = await postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody('gpt-x', 'x', { stream: true }));
+    assert.equal(await plain.text(), `${writes[0]}${chunk('"q"\\n')}data: [DONE]\n\n`, 'the usage chunk is removed');
+  });
+
   test('messages: x-api-key and anthropic-version upstream, cache tokens priced, -thinking turns thinking on', async () => {
     up.queue.push((_req, res) => json(res, 200, anthropicMessage('yo', {
       input_tokens: 100, output_tokens: 10, cache_read_input_tokens: 1000, cache_creation_input_tokens: 10 }), { 'request-id': 'req_up_9' }));

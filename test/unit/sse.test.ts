@@ -67,6 +67,65 @@ describe('SseSplitter', () => {
     assert.equal(event!.length, 6 + 2048 * 4096 + 2);
     assert.ok(ms < 2000, `${Math.round(ms)} ms (rescanning the held text per chunk takes minutes)`);
   });
+
+  test('property: a chunk said to be whole is byte for byte the events it gave; chunks of whole events are', () => {
+    const r = rng(7);
+    const pick = <T>(xs: readonly T[]) => xs[Math.floor(r() * xs.length)]!;
+    // Bytes a provider may send: invalid UTF-8 (a lone continuation, a cut-off lead), CR line ends.
+    const pieces = [Buffer.from('a'), Buffer.from('é'), Buffer.from('€'), Buffer.from('𝄞'), Buffer.from(' '), Buffer.from('\n'),
+      Buffer.from([0x80]), Buffer.from([0xe2, 0x82]), Buffer.from([0xf0, 0x9f, 0x98]), Buffer.from('\r'), Buffer.from('\r\n')];
+    let wholeSeen = 0;
+    for (let round = 0; round < 2000; round++) {
+      const splitter = new SseSplitter();
+      const bad = r() < 0.5;
+      for (let c = 0; c < 6; c++) {
+        // A chunk of whole events, or any bytes at all.
+        const parts: Buffer[] = [];
+        const events = 1 + Math.floor(r() * 3);
+        for (let e = 0; e < events; e++) {
+          parts.push(Buffer.from('data: '));
+          for (let k = Math.floor(r() * 12); k > 0; k--) parts.push(bad && r() < 0.2 ? pick(pieces) : pick(pieces.slice(0, 5)));
+          if (r() < 0.9 || !bad) parts.push(Buffer.from('\n\n'));
+        }
+        const chunk = Buffer.concat(parts);
+        const got = splitter.push(chunk);
+        if (splitter.whole) {
+          wholeSeen++;
+          assert.ok(Buffer.from(got.join('')).equals(chunk), `round ${round}: ${JSON.stringify(chunk.toString('latin1'))}`);
+        } else if (!bad) {
+          assert.fail(`round ${round}: a chunk of whole events in valid UTF-8 was not whole`);
+        }
+      }
+    }
+    assert.ok(wholeSeen > 3000, `${wholeSeen}`);
+  });
+
+  test('not whole: an event split across chunks, a character split across chunks, CR line ends, what follows invalid bytes', () => {
+    const s = new SseSplitter();
+    s.push(Buffer.from('data: a\n\n'));
+    assert.equal(s.whole, true);
+    s.push(Buffer.from('data: b\n'));
+    assert.equal(s.whole, false, 'an event is held');
+    s.push(Buffer.from('\ndata: c\n\n'));
+    assert.equal(s.whole, false, 'the chunk ends an event begun before it');
+    s.push(Buffer.from('data: d\n\n'));
+    assert.equal(s.whole, true);
+    const euro = Buffer.from('data: €\n\n');
+    s.push(euro.subarray(0, 7));
+    s.push(euro.subarray(7));
+    assert.equal(s.whole, false, 'a character split');
+    s.push(Buffer.from('data: e\r\n\r\n'));
+    assert.equal(s.whole, false, 'CR LF is normalised: the text differs from the bytes');
+    s.push(Buffer.from([...Buffer.from('data: f\n\n'), 0xe2]));
+    assert.equal(s.whole, false);
+    // The cut-off lead waits in the decoder and comes out as U+FFFD before the next chunk's text.
+    assert.deepEqual(s.push(Buffer.from('data: g\n\n')), ['\ufffddata: g\n\n']);
+    assert.equal(s.whole, false);
+    s.push(Buffer.from('data: h\n\n'));
+    assert.equal(s.whole, true);
+    s.push(Buffer.alloc(0));
+    assert.equal(s.whole, false);
+  });
 });
 
 test('eventName reads the name line wherever it is, with or without the space; eventData joins data lines', () => {
