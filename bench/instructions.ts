@@ -120,7 +120,7 @@ async function main(): Promise<void> {
       for (let w = 1; w <= flags.windows + 1; w++) {
         control('-z', null, child.pid);
         const run = await closedLoop({ port: child.port, requests: [request], durationS: flags.windowS, connections: 32 });
-        if (run.errors > 0 || Object.keys(run.statuses).some((s) => s !== '200')) throw new Error(`${name}: not every answer was a 200`);
+        if (run.errors > 0 || Object.keys(run.statuses).some((s) => s !== '200')) throw new Error(`${name}: not every answer was a 200: ${JSON.stringify(run.statuses)}, ${run.errors} errors`);
         control('-d', null, child.pid);
         // Dump w of thread 1 (the main thread): cg.NAME.W-01
         const file = readdirSync(dir).find((f) => f === `cg.${name}.${w}-01`);

@@ -39,9 +39,9 @@ export class SseSplitter {
 
   /** The complete events in `chunk` (plus what was held), each with its trailing "\n\n". Throws EventTooLarge. */
   push(chunk: Buffer): string[] {
-    // Valid UTF-8 decodes to text that encodes back to the same bytes, and leaves nothing in the decoder.
     this.whole = false;
     if (chunk.length === 0) return NONE;
+    // Valid UTF-8 decodes to text that encodes back to the same bytes, and leaves nothing in the decoder.
     const valid = isUtf8(chunk);
     const clean = valid && this.decoderEmpty && this.heldChars === 0 && !this.pendingCr;
     this.decoderEmpty = valid;
