@@ -253,6 +253,52 @@ describe('translation through the official SDKs', () => {
     await until(() => gw.gateway.inFlight === 0, 2000, 'the slot released');
   });
 
+  /** An Anthropic stream as the provider writes it, one write per event. */
+  const anthropicEvents = (events: Array<[string, unknown]>, end = true) => (_req: unknown, res: import('node:http').ServerResponse) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    for (const [type, data] of events) res.write(`event: ${type}\ndata: ${typeof data === 'string' ? data : JSON.stringify(data)}\n\n`);
+    if (end) res.end();
+  };
+  const started: Array<[string, unknown]> = [
+    ['message_start', { type: 'message_start', message: { id: 'msg_cut', type: 'message', role: 'assistant', content: [], model: 'claude-upstream', usage: { input_tokens: 40, output_tokens: 1 } } }],
+    ['content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } }],
+    ['content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: 'abcdefgh' } }],
+  ];
+  const chatStream = { model: 'claude-t', stream: true, max_tokens: 10, messages: [{ role: 'user', content: 'x' }] };
+
+  test('a translated stream that ends before its final event is cut for the client, never shown finished; charged an estimate', async () => {
+    up.queue.push(anthropicEvents(started));
+    const before = entriesOf(gw, 'acct_t').length;
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-translate', chatStream);
+    assert.equal(res.status, 200);
+    await assert.rejects(res.text(), 'the client sees a broken answer, not a [DONE]');
+    await until(() => entriesOf(gw, 'acct_t').length === before + 1, 2000, 'charged once');
+    assert.equal(lastCharge().estimated, true);
+    assert.equal(lastCharge().inputTokens, 40, 'at least the input the provider reported');
+    assert.equal(lastCharge().outputTokens, 2, 'the 8 characters relayed');
+    await until(() => gw.gateway.inFlight === 0, 2000, 'the slot released');
+  });
+
+  test('a translated stream with an event too deeply nested to rebuild is cut, charged once, and the gateway lives on', async () => {
+    const deep = `${'{"a":'.repeat(200_000)}1${'}'.repeat(200_000)}`;
+    up.queue.push(anthropicEvents([...started, ['error', `{"type":"error","error":{"type":${deep},"message":"x"}}`]], false));
+    const before = entriesOf(gw, 'acct_t').length;
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-translate', chatStream);
+    assert.equal(res.status, 200);
+    await assert.rejects(res.text());
+    await until(() => entriesOf(gw, 'acct_t').length === before + 1, 2000, 'charged once');
+    assert.equal(lastCharge().estimated, true);
+    await until(() => gw.gateway.inFlight === 0, 2000, 'the slot released');
+    assert.ok(accessLog(gw).length > 0);
+    up.queue.push(anthropicEvents([...started,
+      ['content_block_stop', { type: 'content_block_stop', index: 0 }],
+      ['message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn', stop_sequence: null }, usage: { output_tokens: 3 } }],
+      ['message_stop', { type: 'message_stop' }]]));
+    const next = await postJson(`${gw.url}/v1/chat/completions`, 'sk-translate', chatStream);
+    const text = await next.text();
+    assert.ok(text.includes('"content":"abcdefgh"') && text.endsWith('data: [DONE]\n\n'), text);
+  });
+
   test('what the target cannot express is 400 naming the field, before anything reaches the provider or is charged', async () => {
     const hits = up.hits;
     const entries = entriesOf(gw, 'acct_t').length;
