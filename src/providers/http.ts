@@ -428,6 +428,14 @@ export class HttpProvider implements Provider {
       ex.upstreamFailed('cut');
       ex.cut(why, watcher.usage());
     };
+    // The client's text for an event: the event itself, or on a translated call its translation
+    // (null: it could not be translated, and the translation has cut the call).
+    const toClient = (event: string): string | null => (ex.clientEvent === undefined ? event : ex.clientEvent(event));
+    const untranslatable = () => {
+      ended = true;
+      clearTimeout(idle);
+      res.destroy();
+    };
     const resume = () => {
       waitingForClient = false;
       idle.refresh();
@@ -440,18 +448,20 @@ export class HttpProvider implements Provider {
       let all = true;
       for (const event of splitter.push(chunk)) {
         const seen = watcher.see(event);
+        const text = seen.forward ? toClient(event) : '';
+        if (text === null) return untranslatable();
         if (seen.final) {
           // The final event leaves only after the charge is settled. The rest of the provider's
           // answer is read and dropped (ended is set), so its socket returns to the pool.
           if (out !== '') ex.write(out);
-          endWith(seen.forward ? event : '');
+          endWith(text);
           res.resume();
           return;
         }
-        if (seen.forward) out += event;
-        else all = false;
+        if (text !== event) all = false;
+        out += text;
       }
-      // Every event of a chunk that was exactly whole events goes on: its bytes are the answer's.
+      // Every event of a chunk that was exactly whole events went on unchanged: its bytes are the answer's.
       if (out !== '' && !ex.write(out, all && splitter.whole ? chunk : undefined)) {
         res.pause(); // backpressure: a slow client slows the provider, the gateway does not buffer
         waitingForClient = true;
@@ -478,7 +488,9 @@ export class HttpProvider implements Provider {
         } catch {
           return cut('the provider sent an event the gateway cannot read');
         }
-        if (forward) ex.write(rest);
+        const text = forward ? toClient(rest) : '';
+        if (text === null) return untranslatable();
+        if (text !== '') ex.write(text);
       }
       endWith('');
     });

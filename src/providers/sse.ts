@@ -135,28 +135,36 @@ const MAX_PENDING = 256;
  * that reading (`take`) instead of reading again. Only readings not yet taken are kept, by this
  * call alone; data that does not match what was read is read again. `read` is JSON.parse, or a
  * protocol's faster reader of its most common events. A value may be read by both: never change it.
+ * A reading is found by `key`: the data, or the whole event it came from, which both readers are
+ * handed as the same string, so that the match costs no comparison of its text.
  */
 export class ParsedEvents {
-  private readonly data: string[] = [];
+  // Readings are kept in keys/values[0, count); those before `next` were taken or passed over.
+  // Cleared by resetting the counts, not the arrays' lengths: a relay reads one event, the
+  // translation takes it, so this clears once per event, and setting an array's length is a
+  // call into V8's runtime.
+  private readonly keys: string[] = [];
   private readonly values: unknown[] = [];
+  private count = 0;
   private next = 0;
 
   /** `read(data)` (throws as it does), kept for `take`. */
-  parse(data: string, read: (data: string) => unknown = JSON.parse): unknown {
+  parse(data: string, read: (data: string) => unknown = JSON.parse, key = data): unknown {
     const value = read(data);
-    if (this.data.length >= MAX_PENDING) this.clear();
-    this.data.push(data);
-    this.values.push(value);
+    if (this.count >= MAX_PENDING) this.clear();
+    this.keys[this.count] = key;
+    this.values[this.count] = value;
+    this.count++;
     return value;
   }
 
-  /** The reading `parse` made of `data`, or a new one with `read` (throws as it does). */
-  take(data: string, read: (data: string) => unknown = JSON.parse): unknown {
-    while (this.next < this.data.length) {
+  /** The reading `parse` made of `data` (kept under `key`), or a new one with `read` (throws as it does). */
+  take(data: string, read: (data: string) => unknown = JSON.parse, key = data): unknown {
+    while (this.next < this.count) {
       const i = this.next++;
-      if (this.data[i] === data) {
+      if (this.keys[i] === key) {
         const value = this.values[i];
-        if (this.next === this.data.length) this.clear();
+        if (this.next === this.count) this.clear();
         return value;
       }
     }
@@ -165,8 +173,7 @@ export class ParsedEvents {
   }
 
   private clear(): void {
-    this.data.length = 0;
-    this.values.length = 0;
+    this.count = 0;
     this.next = 0;
   }
 }

@@ -211,7 +211,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
       if (!done) throw new StreamEnded();
       return '';
     }
-    const msg = done ? null : anthropicEvent(eventData(event), parsed);
+    const msg = done ? null : anthropicEvent(eventData(event), parsed, event);
     if (msg === null) return '';
     // A text delta (most events): its text is passed on as the JSON the provider sent, unparsed.
     if (msg instanceof TextDelta) return chunkOf(`{"content":${msg.json}}`, null);

@@ -94,12 +94,12 @@ export function answerArguments(args: unknown): Record<string, unknown> {
 
 /**
  * An event's data as a JSON object, or null (no data, not JSON, not an object); taken from
- * `parsed` when the stream's watcher parsed it already.
+ * `parsed` when the stream's watcher parsed it already (kept under the whole `event`).
  */
-export function eventObject(data: string | null, parsed?: ParsedEvents): Record<string, unknown> | null {
+export function eventObject(data: string | null, parsed?: ParsedEvents, event = data): Record<string, unknown> | null {
   if (data === null) return null;
   try {
-    let value = parsed === undefined ? JSON.parse(data) as unknown : parsed.take(data);
+    let value = parsed === undefined ? JSON.parse(data) as unknown : parsed.take(data, JSON.parse, event ?? data);
     // A watcher that read Anthropic's text deltas its own way: this reader wants the object.
     if (value instanceof TextDelta) value = JSON.parse(data) as unknown;
     return isObj(value) ? value : null;
@@ -110,12 +110,12 @@ export function eventObject(data: string | null, parsed?: ParsedEvents): Record<
 
 /**
  * An Anthropic event: a TextDelta (read without JSON.parse), else its object, or null; the
- * watcher's reading when it made one.
+ * watcher's reading when it made one (kept under the whole `event`).
  */
-export function anthropicEvent(data: string | null, parsed?: ParsedEvents): TextDelta | Record<string, unknown> | null {
+export function anthropicEvent(data: string | null, parsed?: ParsedEvents, event = data): TextDelta | Record<string, unknown> | null {
   if (data === null) return null;
   try {
-    const value = parsed === undefined ? readEvent(data) : parsed.take(data, readEvent);
+    const value = parsed === undefined ? readEvent(data) : parsed.take(data, readEvent, event ?? data);
     return value instanceof TextDelta || isObj(value) ? value : null;
   } catch {
     return null;

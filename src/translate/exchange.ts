@@ -42,17 +42,26 @@ export class TranslatedCall extends WrappedExchange {
     else this.inner.head(status, contentType, [...extra, ...this.dropped]);
   }
 
-  /** The provider's bytes (`raw`) are not the client's here: only the text is read. */
-  override write(chunk: string): boolean {
-    const out = this.events(chunk);
-    if (out === null) return false; // cut: the relay waits for a drain that never comes, and the close ends it
-    return out === '' ? true : this.inner.write(out);
+  /** One provider event in the client's protocol; null when it could not be translated (the answer is then cut). */
+  clientEvent(event: string): string | null {
+    try {
+      return this.transduce!(event); // a whole answer was asked for and a stream came: cut below
+    } catch (err) {
+      this.cutUntranslated(err);
+      return null;
+    }
   }
 
+  /** A stream's end: the text given (already the client's), then what the client's protocol needs to end. */
   override end(chunk?: string | Buffer): void {
     if (this.transduce !== null && this.held === null) {
-      const last = this.events(`${chunk === undefined ? '' : chunk.toString()}`, true);
-      if (last !== null) this.inner.end(last);
+      let tail: string;
+      try {
+        tail = this.transduce(null);
+      } catch (err) {
+        return this.cutUntranslated(err);
+      }
+      this.inner.end(`${chunk === undefined ? '' : chunk.toString()}${tail}`);
       return;
     }
     let body: string;
@@ -72,26 +81,8 @@ export class TranslatedCall extends WrappedExchange {
     this.inner.end(body);
   }
 
-  /**
-   * Whole provider events (the relay writes only whole ones) in the client's protocol, and at
-   * the `last` what the client's protocol needs to end; null when they could not be translated
-   * (a provider's event nested too deeply to rebuild): the answer is then cut.
-   */
-  private events(chunk: string, last = false): string | null {
-    const transduce = this.transduce!;
-    let out = '';
-    try {
-      let start = 0;
-      for (let end = chunk.indexOf('\n\n'); end !== -1; end = chunk.indexOf('\n\n', start)) {
-        out += transduce(chunk.slice(start, end + 2));
-        start = end + 2;
-      }
-      if (start < chunk.length) out += transduce(`${chunk.slice(start)}\n\n`);
-      if (last) out += transduce(null);
-    } catch (err) {
-      this.inner.cut(err instanceof StreamEnded ? err.message : 'the provider\'s stream could not be translated');
-      return null;
-    }
-    return out;
+  /** A stream that cannot be translated (or ended before its final event) is cut, as a passthrough one breaks off. */
+  private cutUntranslated(err: unknown): void {
+    this.inner.cut(err instanceof StreamEnded ? err.message : 'the provider\'s stream could not be translated');
   }
 }

@@ -257,7 +257,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
     if (finished) return '';
     const data = eventData(ev);
     if (data === '[DONE]') return finish();
-    const chunk = eventObject(data, parsed);
+    const chunk = eventObject(data, parsed, ev);
     if (chunk === null) return '';
     if (isObj(chunk.error)) {
       finished = true;

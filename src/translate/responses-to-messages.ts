@@ -245,7 +245,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
       if (!done) throw new StreamEnded();
       return '';
     }
-    const msg = done ? null : anthropicEvent(eventData(ev), parsed);
+    const msg = done ? null : anthropicEvent(eventData(ev), parsed, ev);
     if (msg === null) return '';
     if (msg instanceof TextDelta) {
       // A text delta (most events): its text is passed on as the JSON the provider sent, unparsed.

@@ -178,5 +178,14 @@ test('ParsedEvents: the watcher parses, the translation takes the same parse in 
   }
   // Parses never taken are dropped past a bound, not kept for ever.
   for (let i = 0; i < 10_000; i++) events.parse(`{"i":${i}}`);
-  assert.ok(((events as unknown as { data: string[] }).data).length <= 256);
+  assert.ok(((events as unknown as { keys: string[] }).keys).length <= 256);
+  // Kept under the whole event when one is given: found by it, and only by it.
+  const keyed = new ParsedEvents();
+  const event = `event: x\ndata: ${datas[1]}\n\n`;
+  const value = keyed.parse(datas[1]!, JSON.parse, event);
+  assert.equal(keyed.take(datas[1]!, JSON.parse, event), value);
+  const kept = keyed.parse(datas[3]!, JSON.parse, `event: y\ndata: ${datas[3]}\n\n`);
+  const other = keyed.take(datas[3]!, JSON.parse, `event: z\ndata: ${datas[3]}\n\n`);
+  assert.notEqual(other, kept, 'another event with the same data: read again');
+  assert.deepEqual(other, JSON.parse(datas[3]!));
 });

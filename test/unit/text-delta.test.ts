@@ -141,9 +141,11 @@ test('a translated stream reads each text delta once: the translation takes the 
   const seen: unknown[] = [];
   // The watcher's readings, recorded as it makes them with the reader it chose.
   const parse = parsed.parse.bind(parsed);
-  parsed.parse = (d: string, reader?: (d: string) => unknown) => { const v = parse(d, reader); seen.push(v); return v; };
-  for (const d of datas) w.see(`event: x\ndata: ${d}\n\n`);
-  datas.forEach((d, i) => assert.equal(anthropicEvent(d, parsed), seen[i], `event ${i}: the watcher's reading, not a new one`));
+  parsed.parse = (d: string, reader?: (d: string) => unknown, key?: string) => { const v = parse(d, reader, key); seen.push(v); return v; };
+  // Kept under the whole event, which the relay hands to the watcher and the translation both.
+  const events = datas.map((d) => `event: x\ndata: ${d}\n\n`);
+  for (const event of events) w.see(event);
+  datas.forEach((d, i) => assert.equal(anthropicEvent(d, parsed, events[i]), seen[i], `event ${i}: the watcher's reading, not a new one`));
   assert.ok(seen[0] instanceof TextDelta && seen[1] instanceof TextDelta, 'the watcher reads text deltas as such');
   // A reader of plain objects handed a TextDelta gets the object all the same.
   const other = new ParsedEvents();

@@ -88,7 +88,7 @@ export const chat: WireProtocol = {
         }
         let chunk: unknown;
         try {
-          chunk = ex.parsedEvents === undefined ? JSON.parse(data) : ex.parsedEvents.parse(data);
+          chunk = ex.parsedEvents === undefined ? JSON.parse(data) : ex.parsedEvents.parse(data, JSON.parse, event);
         } catch {
           return { forward: true, final: false };
         }

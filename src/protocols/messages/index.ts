@@ -92,7 +92,7 @@ export const messages: WireProtocol = {
         if (data === null) return { forward: true, final: false };
         let msg: unknown;
         try {
-          msg = ex.parsedEvents === undefined ? readEvent(data) : ex.parsedEvents.parse(data, readEvent);
+          msg = ex.parsedEvents === undefined ? readEvent(data) : ex.parsedEvents.parse(data, readEvent, event);
         } catch {
           return { forward: true, final: false };
         }
