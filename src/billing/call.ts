@@ -112,6 +112,10 @@ export class BilledCall implements Exchange {
     this.res.writeHead(status, headers);
   }
 
+  clientEvent(event: string): string {
+    return event;
+  }
+
   write(chunk: string, raw?: Buffer): boolean {
     return this.res.write(raw ?? chunk);
   }

@@ -428,9 +428,7 @@ export class HttpProvider implements Provider {
       ex.upstreamFailed('cut');
       ex.cut(why, watcher.usage());
     };
-    // The client's text for an event: the event itself, or on a translated call its translation
-    // (null: it could not be translated, and the translation has cut the call).
-    const toClient = (event: string): string | null => (ex.clientEvent === undefined ? event : ex.clientEvent(event));
+    // A translated call could not translate an event, and has cut the call.
     const untranslatable = () => {
       ended = true;
       clearTimeout(idle);
@@ -448,7 +446,7 @@ export class HttpProvider implements Provider {
       let all = true;
       for (const event of splitter.push(chunk)) {
         const seen = watcher.see(event);
-        const text = seen.forward ? toClient(event) : '';
+        const text = seen.forward ? ex.clientEvent(event) : '';
         if (text === null) return untranslatable();
         if (seen.final) {
           // The final event leaves only after the charge is settled. The rest of the provider's
@@ -488,7 +486,7 @@ export class HttpProvider implements Provider {
         } catch {
           return cut('the provider sent an event the gateway cannot read');
         }
-        const text = forward ? toClient(rest) : '';
+        const text = forward ? ex.clientEvent(rest) : '';
         if (text === null) return untranslatable();
         if (text !== '') ex.write(text);
       }

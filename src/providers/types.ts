@@ -35,12 +35,13 @@ export interface Exchange {
   /** Set on a translated stream: its watcher reads each event there, for the translation to take. */
   readonly parsedEvents?: ParsedEvents;
   /**
-   * Set on a translated call: one whole event of the provider's stream, once its watcher has
-   * seen it, as the client gets it ('' for none). Null when it cannot be translated: the call
-   * is then cut, and the relay stops. What it returns is written with `write`; `end` adds what
-   * the client's protocol needs to end a stream.
+   * One whole event of the provider's stream, once its watcher has seen it, as the client gets
+   * it: the event itself (the same string), or on a translated call its translation ('' for
+   * none; null when it cannot be translated: the call is then cut, and the relay stops). What it
+   * returns is written with `write`; a translated call's `end` adds what the client's protocol
+   * needs to end a stream.
    */
-  clientEvent?(event: string): string | null;
+  clientEvent(event: string): string | null;
   /** True once the client has gone away. */
   readonly aborted: boolean;
   /** Registers what to stop when the client goes away (timers, the upstream request). */

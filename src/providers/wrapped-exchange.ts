@@ -26,6 +26,7 @@ export class WrappedExchange implements Exchange {
 
   onAbort(stop: () => void): void { this.inner.onAbort(stop); }
   head(status: number, contentType: string, extra?: string[]): void { this.inner.head(status, contentType, extra); }
+  clientEvent(event: string): string | null { return this.inner.clientEvent(event); }
   write(chunk: string, raw?: Buffer): boolean { return this.inner.write(chunk, raw); }
   whenDrained(resume: () => void): void { this.inner.whenDrained(resume); }
   end(chunk?: string | Buffer): void { this.inner.end(chunk); }

@@ -43,7 +43,7 @@ export class TranslatedCall extends WrappedExchange {
   }
 
   /** One provider event in the client's protocol; null when it could not be translated (the answer is then cut). */
-  clientEvent(event: string): string | null {
+  override clientEvent(event: string): string | null {
     try {
       return this.transduce!(event); // a whole answer was asked for and a stream came: cut below
     } catch (err) {

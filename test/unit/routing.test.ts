@@ -110,6 +110,7 @@ class FakeBilled implements ServedExchange {
   upstreamFailed(): void {}
   onAbort(): void {}
   head(): void {}
+  clientEvent(event: string): string { return event; }
   write(): boolean { return true; }
   whenDrained(): void {}
   end(): void {}
