@@ -51,8 +51,8 @@ export interface Exchange {
   /**
    * Writes part of an answer; false when the client is not keeping up: stop producing (pause
    * the provider) until `whenDrained`. `raw`, when given, is `chunk` exactly as the provider's
-   * bytes (a relay passing whole events on unchanged): sent as it is, rather than encoding
-   * `chunk` again. A layer that changes the text ignores it.
+   * bytes (a chunk of whole events that `clientEvent` gave back unchanged): sent as it is,
+   * rather than encoding `chunk` again.
    */
   write(chunk: string, raw?: Buffer): boolean;
   /**

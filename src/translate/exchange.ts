@@ -45,7 +45,8 @@ export class TranslatedCall extends WrappedExchange {
   /** One provider event in the client's protocol; null when it could not be translated (the answer is then cut). */
   override clientEvent(event: string): string | null {
     try {
-      return this.transduce!(event); // a whole answer was asked for and a stream came: cut below
+      // No transducer: a whole answer was asked for and a stream came. Calling it throws: cut.
+      return this.transduce!(event);
     } catch (err) {
       this.cutUntranslated(err);
       return null;
@@ -81,8 +82,13 @@ export class TranslatedCall extends WrappedExchange {
     this.inner.end(body);
   }
 
-  /** A stream that cannot be translated (or ended before its final event) is cut, as a passthrough one breaks off. */
+  /**
+   * A stream that cannot be translated (or ended before its final event) is cut, as a
+   * passthrough one breaks off; before anything was sent (a stream where a whole answer was
+   * asked for), the client gets the error instead.
+   */
   private cutUntranslated(err: unknown): void {
+    if (this.held !== null) return this.inner.fail('upstream_error', { message: 'The provider\'s answer could not be translated.' });
     this.inner.cut(err instanceof StreamEnded ? err.message : 'the provider\'s stream could not be translated');
   }
 }

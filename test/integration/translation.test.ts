@@ -299,6 +299,16 @@ describe('translation through the official SDKs', () => {
     assert.ok(text.includes('"content":"abcdefgh"') && text.endsWith('data: [DONE]\n\n'), text);
   });
 
+  test('a whole answer asked for, a stream given: 502 for the client, charged once', async () => {
+    up.queue.push(anthropicEvents(started));
+    const before = entriesOf(gw, 'acct_t').length;
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-translate', { ...chatStream, stream: false });
+    assert.equal(res.status, 502);
+    assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'upstream_error');
+    await until(() => entriesOf(gw, 'acct_t').length === before + 1, 2000, 'charged once');
+    await until(() => gw.gateway.inFlight === 0, 2000, 'the slot released');
+  });
+
   test('what the target cannot express is 400 naming the field, before anything reaches the provider or is charged', async () => {
     const hits = up.hits;
     const entries = entriesOf(gw, 'acct_t').length;
