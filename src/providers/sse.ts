@@ -160,6 +160,12 @@ export class ParsedEvents {
 
   /** The reading `parse` made of `data` (kept under `key`), or a new one with `read` (throws as it does). */
   take(data: string, read: (data: string) => unknown = JSON.parse, key = data): unknown {
+    const kept = this.taken(key);
+    return kept !== undefined ? kept : read(data);
+  }
+
+  /** The reading kept under `key`, or undefined (no reader makes undefined of any data). */
+  taken(key: string): unknown {
     while (this.next < this.count) {
       const i = this.next++;
       if (this.keys[i] === key) {
@@ -169,7 +175,7 @@ export class ParsedEvents {
       }
     }
     this.clear();
-    return read(data);
+    return undefined;
   }
 
   private clear(): void {

@@ -1,6 +1,6 @@
 import { isObj } from '../protocols/common.js';
 import { TextDelta } from '../protocols/messages/text-delta.js';
-import { eventData, type ParsedEvents } from '../providers/sse.js';
+import type { ParsedEvents } from '../providers/sse.js';
 import {
   anthropicEvent, argumentsObject, checkKnown, dataEvent, dataUrl, lookup, refuse, StreamEnded, textOf, toolId, toolName,
 } from './common.js';
@@ -211,7 +211,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
       if (!done) throw new StreamEnded();
       return '';
     }
-    const msg = done ? null : anthropicEvent(eventData(event), parsed, event);
+    const msg = done ? null : anthropicEvent(event, parsed);
     if (msg === null) return '';
     // A text delta (most events): its text is passed on as the JSON the provider sent, unparsed.
     if (msg instanceof TextDelta) return chunkOf(`{"content":${msg.json}}`, null);

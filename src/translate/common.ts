@@ -1,7 +1,7 @@
 import { hash } from 'node:crypto';
 import { isObj } from '../protocols/common.js';
 import { readEvent, TextDelta } from '../protocols/messages/text-delta.js';
-import type { ParsedEvents } from '../providers/sse.js';
+import { eventData, type ParsedEvents } from '../providers/sse.js';
 
 /** What the directions share: refusals, ids and names both protocols accept, images, SSE text. */
 
@@ -109,13 +109,17 @@ export function eventObject(data: string | null, parsed?: ParsedEvents, event = 
 }
 
 /**
- * An Anthropic event: a TextDelta (read without JSON.parse), else its object, or null; the
- * watcher's reading when it made one (kept under the whole `event`).
+ * An Anthropic event's data: a TextDelta (read without JSON.parse), else its object, or null;
+ * the watcher's reading when it made one (kept under the event, whose data is then not looked up again).
  */
-export function anthropicEvent(data: string | null, parsed?: ParsedEvents, event = data): TextDelta | Record<string, unknown> | null {
-  if (data === null) return null;
+export function anthropicEvent(event: string, parsed?: ParsedEvents): TextDelta | Record<string, unknown> | null {
   try {
-    const value = parsed === undefined ? readEvent(data) : parsed.take(data, readEvent, event ?? data);
+    let value = parsed === undefined ? undefined : parsed.taken(event);
+    if (value === undefined) {
+      const data = eventData(event);
+      if (data === null) return null;
+      value = readEvent(data);
+    }
     return value instanceof TextDelta || isObj(value) ? value : null;
   } catch {
     return null;

@@ -1,6 +1,6 @@
 import { isObj } from '../protocols/common.js';
 import { TextDelta } from '../protocols/messages/text-delta.js';
-import { eventData, type ParsedEvents } from '../providers/sse.js';
+import type { ParsedEvents } from '../providers/sse.js';
 import { anthropicEvent, argumentsObject, checkKnown, dataUrl, refuse, StreamEnded, textOf, toolId, toolName } from './common.js';
 import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
@@ -245,7 +245,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
       if (!done) throw new StreamEnded();
       return '';
     }
-    const msg = done ? null : anthropicEvent(eventData(ev), parsed, ev);
+    const msg = done ? null : anthropicEvent(ev, parsed);
     if (msg === null) return '';
     if (msg instanceof TextDelta) {
       // A text delta (most events): its text is passed on as the JSON the provider sent, unparsed.

@@ -145,7 +145,7 @@ test('a translated stream reads each text delta once: the translation takes the 
   // Kept under the whole event, which the relay hands to the watcher and the translation both.
   const events = datas.map((d) => `event: x\ndata: ${d}\n\n`);
   for (const event of events) w.see(event);
-  datas.forEach((d, i) => assert.equal(anthropicEvent(d, parsed, events[i]), seen[i], `event ${i}: the watcher's reading, not a new one`));
+  events.forEach((event, i) => assert.equal(anthropicEvent(event, parsed), seen[i], `event ${i}: the watcher's reading, not a new one`));
   assert.ok(seen[0] instanceof TextDelta && seen[1] instanceof TextDelta, 'the watcher reads text deltas as such');
   // A reader of plain objects handed a TextDelta gets the object all the same.
   const other = new ParsedEvents();
