@@ -111,8 +111,8 @@ export function eventName(event: string): string | null {
 
 /** The `data:` payload of an event (multi-line data joined with "\n"), or null when it has none. */
 export function eventData(event: string): string | null {
-  // Line by line with indexOf, not split: every event of a stream comes here (twice when it is
-  // translated: metering, then the translation), and split allocates an array and every line.
+  // Line by line with indexOf, not split: every event of a stream comes here (the metering
+  // watcher's reading), and split allocates an array and every line.
   let data: string | null = null;
   for (let start = 0; start <= event.length;) {
     let end = event.indexOf('\n', start);
