@@ -416,10 +416,14 @@ export class HttpProvider implements Provider {
       cut(`no data from the provider for ${this.config.streamIdleTimeoutMs} ms`);
     };
     ex.onAbort(() => clearTimeout(idle));
+    /** Settles the charge, then sends the provider's `last` event (or '') as the client's and ends. */
     const endWith = (last: string) => {
       ended = true;
       clearTimeout(idle);
-      ex.settle(watcher.usage(), () => ex.end(last));
+      ex.settle(watcher.usage(), () => {
+        const text = last === '' ? '' : ex.clientEvent(last);
+        if (text !== null) ex.end(text);
+      });
     };
     const cut = (why: string) => {
       if (ended || ex.aborted) return;
@@ -428,7 +432,7 @@ export class HttpProvider implements Provider {
       ex.upstreamFailed('cut');
       ex.cut(why, watcher.usage());
     };
-    // A translated call could not translate an event, and has cut the call.
+    // A translated call could not translate an event, and has ended the call (cut, or an error answer).
     const untranslatable = () => {
       ended = true;
       clearTimeout(idle);
@@ -446,16 +450,16 @@ export class HttpProvider implements Provider {
       let all = true;
       for (const event of splitter.push(chunk)) {
         const seen = watcher.see(event);
-        const text = seen.forward ? ex.clientEvent(event) : '';
-        if (text === null) return untranslatable();
         if (seen.final) {
           // The final event leaves only after the charge is settled. The rest of the provider's
           // answer is read and dropped (ended is set), so its socket returns to the pool.
           if (out !== '') ex.write(out);
-          endWith(text);
+          endWith(seen.forward ? event : '');
           res.resume();
           return;
         }
+        const text = seen.forward ? ex.clientEvent(event) : '';
+        if (text === null) return untranslatable();
         if (text !== event) all = false;
         out += text;
       }

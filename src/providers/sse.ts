@@ -19,9 +19,10 @@ export class EventTooLarge extends Error {
  */
 export class SseSplitter {
   /**
-   * The chunk last pushed is, byte for byte, the events it gave (valid UTF-8, no CR, nothing
-   * held from before it, nothing left after it): a relay that passes all of them on unchanged
-   * may send the chunk itself, not encode their text again (a provider usually writes whole events).
+   * The chunk last pushed is, byte for byte, the events it gave (valid UTF-8 after a chunk that
+   * was too, no CR in it or just before it, nothing held from before it, nothing left after
+   * it): a relay that passes all of them on unchanged may send the chunk itself, not encode
+   * their text again (a provider usually writes whole events).
    */
   whole = false;
   private readonly decoder = new StringDecoder('utf8');

@@ -37,9 +37,9 @@ export interface Exchange {
   /**
    * One whole event of the provider's stream, once its watcher has seen it, as the client gets
    * it: the event itself (the same string), or on a translated call its translation ('' for
-   * none; null when it cannot be translated: the call is then cut, and the relay stops). What it
-   * returns is written with `write`; a translated call's `end` adds what the client's protocol
-   * needs to end a stream.
+   * none; null when it cannot be translated: the call has then ended, cut or answered with an
+   * error, and the relay stops). `write` and `end` take what it returns, the client's text; a
+   * translated call's `end` adds what the client's protocol needs to end a stream.
    */
   clientEvent(event: string): string | null;
   /** True once the client has gone away. */

@@ -42,10 +42,10 @@ export class TranslatedCall extends WrappedExchange {
     else this.inner.head(status, contentType, [...extra, ...this.dropped]);
   }
 
-  /** One provider event in the client's protocol; null when it could not be translated (the answer is then cut). */
+  /** One provider event in the client's protocol; null when it could not be translated (the call has then ended). */
   override clientEvent(event: string): string | null {
     try {
-      // No transducer: a whole answer was asked for and a stream came. Calling it throws: cut.
+      // No transducer: a whole answer was asked for and a stream came. Calling it throws.
       return this.transduce!(event);
     } catch (err) {
       this.cutUntranslated(err);

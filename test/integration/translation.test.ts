@@ -305,8 +305,11 @@ describe('translation through the official SDKs', () => {
     const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-translate', { ...chatStream, stream: false });
     assert.equal(res.status, 502);
     assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'upstream_error');
-    await until(() => entriesOf(gw, 'acct_t').length === before + 1, 2000, 'charged once');
+    await until(() => entriesOf(gw, 'acct_t').length === before + 1, 2000, 'charged');
     await until(() => gw.gateway.inFlight === 0, 2000, 'the slot released');
+    assert.equal(entriesOf(gw, 'acct_t').length, before + 1, 'charged once');
+    assert.equal(lastCharge().estimated, true, 'the provider had the request: an abnormal end');
+    assert.equal(lastCharge().inputTokens, 40, 'at least the input it reported');
   });
 
   test('what the target cannot express is 400 naming the field, before anything reaches the provider or is charged', async () => {

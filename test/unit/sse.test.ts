@@ -114,8 +114,22 @@ describe('SseSplitter', () => {
     s.push(euro.subarray(0, 7));
     s.push(euro.subarray(7));
     assert.equal(s.whole, false, 'a character split');
+    s.push(Buffer.from('data: d2\n\n'));
+    assert.equal(s.whole, false, 'the chunk before was not valid UTF-8 alone');
+    s.push(Buffer.from('data: d3\n\n'));
+    assert.equal(s.whole, true);
     s.push(Buffer.from('data: e\r\n\r\n'));
     assert.equal(s.whole, false, 'CR LF is normalised: the text differs from the bytes');
+    s.push(Buffer.from('data: e2\n\n'));
+    assert.equal(s.whole, true);
+    // A CR ends a chunk: the LF that starts the next belongs to it, and is not in the text.
+    s.push(Buffer.from('data: e3\r\n\r'));
+    assert.deepEqual(s.push(Buffer.from('\ndata: e4\n\n')), ['data: e4\n\n']);
+    assert.equal(s.whole, false, 'the chunk\'s first byte is not in its events');
+    // A byte-order mark is kept as a character and written back as the same bytes.
+    const bom = Buffer.from('\ufeffdata: e5\n\n');
+    assert.ok(Buffer.from(s.push(bom).join('')).equals(bom));
+    assert.equal(s.whole, true);
     s.push(Buffer.from([...Buffer.from('data: f\n\n'), 0xe2]));
     assert.equal(s.whole, false);
     // The cut-off lead waits in the decoder and comes out as U+FFFD before the next chunk's text.
