@@ -411,15 +411,20 @@ export class HttpProvider implements Provider {
     let waitingForClient = false;
     const idle: NodeJS.Timeout = setTimeout(() => onIdle(), this.config.streamIdleTimeoutMs);
     const onIdle = () => {
-      if (waitingForClient || ended) return;
+      // After the final event the rest of the provider's answer is drained for the socket's
+      // reuse, but not for ever: a provider that neither ends nor closes loses the connection.
+      if (ended) return void res.destroy();
+      if (waitingForClient) return;
       res.destroy();
       cut(`no data from the provider for ${this.config.streamIdleTimeoutMs} ms`);
     };
     ex.onAbort(() => clearTimeout(idle));
-    /** Settles the charge, then sends the provider's `last` event (or '') as the client's and ends. */
+    /**
+     * Settles the charge, then sends the provider's `last` event (or '') as the client's and
+     * ends. The idle timer keeps running: it bounds the drain of what the provider sends after.
+     */
     const endWith = (last: string) => {
       ended = true;
-      clearTimeout(idle);
       ex.settle(watcher.usage(), () => {
         const text = last === '' ? '' : ex.clientEvent(last);
         if (text !== null) ex.end(text);
@@ -452,7 +457,8 @@ export class HttpProvider implements Provider {
         const seen = watcher.see(event);
         if (seen.final) {
           // The final event leaves only after the charge is settled. The rest of the provider's
-          // answer is read and dropped (ended is set), so its socket returns to the pool.
+          // answer is read and dropped (ended is set), so its socket returns to the pool (within
+          // the idle timeout: see onIdle).
           if (out !== '') ex.write(out);
           endWith(seen.forward ? event : '');
           res.resume();
@@ -484,13 +490,15 @@ export class HttpProvider implements Provider {
       if (ended) return;
       const rest = splitter.rest();
       if (rest !== '') {
-        let forward = false;
+        let seen;
         try {
-          forward = watcher.see(rest).forward;
+          seen = watcher.see(rest);
         } catch {
           return cut('the provider sent an event the gateway cannot read');
         }
-        const text = forward ? ex.clientEvent(rest) : '';
+        // A final event without its blank line (the stream ended instead) still waits for the charge.
+        if (seen.final) return endWith(seen.forward ? rest : '');
+        const text = seen.forward ? ex.clientEvent(rest) : '';
         if (text === null) return untranslatable();
         if (text !== '') ex.write(text);
       }
@@ -498,6 +506,7 @@ export class HttpProvider implements Provider {
     });
     res.on('error', () => cut('the provider\'s stream broke off'));
     res.on('close', () => {
+      clearTimeout(idle);
       if (!res.complete) cut('the provider\'s stream broke off');
     });
   }

@@ -1,4 +1,5 @@
 import type { Endpoint } from '../protocols/types.js';
+import type { Usage } from '../money.js';
 import type { Exchange } from '../providers/types.js';
 import { WrappedExchange } from '../providers/wrapped-exchange.js';
 import { ParsedEvents } from '../providers/sse.js';
@@ -80,6 +81,18 @@ export class TranslatedCall extends WrappedExchange {
     }
     this.inner.head(held.status, 'application/json', [...extra, 'content-length', String(Buffer.byteLength(body)), ...this.dropped]);
     this.inner.end(body);
+  }
+
+  /**
+   * The provider's stream broke off. Before anything was sent (a whole answer was asked for
+   * and a stream came), the client gets the error rather than a dropped connection; the charge
+   * is the same: the usage the stream gave, or the abnormal-end estimate.
+   */
+  override cut(why: string, finalUsage: Usage | null = null): void {
+    if (this.held === null) return this.inner.cut(why, finalUsage);
+    const fail = () => this.inner.fail('upstream_error', { message: `The provider's answer was cut off: ${why}.` });
+    if (finalUsage === null) return fail();
+    this.inner.settle(finalUsage, fail);
   }
 
   /**

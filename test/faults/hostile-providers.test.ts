@@ -113,6 +113,25 @@ describe('fault: hostile providers', () => {
     await stillServes();
   });
 
+  test('after its final event the provider keeps the connection open: the client is served, and the upstream is let go after streamIdleTimeoutMs', async () => {
+    let upstreamClosed = false;
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(`data: ${JSON.stringify({ id: 'c', choices: [{ index: 0, delta: { content: 'hi' }, finish_reason: 'stop' }], usage: null })}\n\n`);
+      res.write(`data: ${JSON.stringify({ id: 'c', choices: [], usage: { prompt_tokens: 1, completion_tokens: 1 } })}\n\ndata: [DONE]\n\n`);
+      const trickle = setInterval(() => res.write(': still here\n\n'), 100); // never ends on its own
+      res.on('close', () => {
+        upstreamClosed = true;
+        clearInterval(trickle);
+      });
+    });
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-p', chatBody('bad', 'hi', { stream: true }));
+    assert.ok((await res.text()).endsWith('data: [DONE]\n\n'));
+    assert.equal(last(gw)!.estimated, false);
+    await until(() => upstreamClosed, 3000, 'the gateway closed the upstream connection');
+    await stillServes();
+  });
+
   test('an answer in an encoding the gateway did not ask for (garbage gzip) is 502, charged an estimate', async () => {
     up.queue.push((_req, res) => {
       const body = Buffer.concat([gzipSync('{"usage":{"prompt_tokens":1}}').subarray(0, 10), Buffer.from('garbage')]);

@@ -170,6 +170,45 @@ describe('fault: the disk under the file ledger', () => {
     assertDeliveredOnce(outcomes, await entriesOnDisk(dir));
   });
 
+  test('a stream whose final event ends without its blank line: that event too waits for the charge, and a full disk keeps it from the client', async () => {
+    const fs = new FaultyFs();
+    const { gw, stop } = await start(fs);
+    let open!: () => void;
+    const gate = new Promise<void>((resolve) => (open = resolve));
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(`data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content: 'hi' }, finish_reason: 'stop' }], usage: null })}\n\n`);
+      res.write(`data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', choices: [], usage: { prompt_tokens: 3, completion_tokens: 1, total_tokens: 4 } })}\n\n`);
+      void gate.then(() => res.end('data: [DONE]')); // the stream ends where its blank line would be
+    });
+    try {
+      const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-f', chatBody('gpt-f', 'hello', { stream: true }));
+      assert.equal(res.status, 200);
+      const reader = res.body!.getReader();
+      const decoder = new TextDecoder();
+      let text = '';
+      while (!text.includes('"hi"')) text += decoder.decode((await reader.read()).value);
+      fs.full = true; // the charge cannot be written
+      open();
+      let broke = false;
+      try {
+        for (;;) {
+          const { done, value } = await reader.read();
+          if (done) break;
+          text += decoder.decode(value);
+        }
+      } catch {
+        broke = true;
+      }
+      assert.ok(broke, 'the answer is broken off, not ended');
+      assert.ok(!text.includes('[DONE]'), `the final event never left: ${text}`);
+      await until(() => gw.gateway.inFlight === 0, 5000, 'the slot released');
+    } finally {
+      fs.full = false;
+      await stop();
+    }
+  });
+
   test('with the Redis limiter, a failed ledger under aborted streams raises no unhandled rejection', { skip: hasRedis ? false : 'redis-server is not installed' }, async () => {
     const server = await new RedisServer().start();
     const limiter = new RedisLimiter({ url: server.url, prefix: 'fault:', timeoutMs: 1000 });

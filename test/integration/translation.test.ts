@@ -312,6 +312,22 @@ describe('translation through the official SDKs', () => {
     assert.equal(lastCharge().inputTokens, 40, 'at least the input it reported');
   });
 
+  test('a whole answer asked for, a stream given that breaks off before its first event: 502 for the client, not a dropped connection; charged once', async () => {
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write('event: message_start\ndata: {"type":"message_st', () => res.destroy());
+    });
+    const before = entriesOf(gw, 'acct_t').length;
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-translate', { ...chatStream, stream: false });
+    assert.equal(res.status, 502);
+    const body = (await res.json()) as { error: { code: string; message: string } };
+    assert.equal(body.error.code, 'upstream_error');
+    assert.match(body.error.message, /cut off: the provider's stream broke off/);
+    await until(() => gw.gateway.inFlight === 0, 2000, 'the slot released');
+    assert.equal(entriesOf(gw, 'acct_t').length, before + 1, 'charged once');
+    assert.equal(lastCharge().estimated, true, 'the provider had the request: an abnormal end');
+  });
+
   test('what the target cannot express is 400 naming the field, before anything reaches the provider or is charged', async () => {
     const hits = up.hits;
     const entries = entriesOf(gw, 'acct_t').length;
