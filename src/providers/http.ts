@@ -329,7 +329,7 @@ export class HttpProvider implements Provider {
     if (RETRY_STATUSES.has(status)) {
       const wait = backoffMs(n, otherKey ? null : providerWait);
       if (n < ex.maxAttempts && wait < deadlineAt - performance.now() && (status !== 429 || otherKey || providerWait === null || providerWait <= 5000)) {
-        res.resume(); // discard, keep the connection for reuse
+        discard(res, this.config.timeoutMs);
         return retry(wait, otherKey);
       }
     }
@@ -510,6 +510,18 @@ export class HttpProvider implements Provider {
       if (!res.complete) cut('the provider\'s stream broke off');
     });
   }
+}
+
+/**
+ * Reads an answer the gateway has no use for to its end, so that its connection can be reused;
+ * one that has not ended within `ms` (a provider that sends an error body slowly, or never
+ * ends it) is let go, or each retry of such a provider would keep a connection for ever.
+ */
+function discard(res: IncomingMessage, ms: number): void {
+  const timer = setTimeout(() => res.destroy(), ms);
+  timer.unref();
+  res.once('close', () => clearTimeout(timer));
+  res.resume();
 }
 
 /** Reads an answer's body whole under the call's timer, which it stops when done. */

@@ -5,13 +5,12 @@ import { WrappedExchange } from '../providers/wrapped-exchange.js';
 import type { ErrorCode, ErrorDetails, ErrorSpec } from '../errors.js';
 import type { Metrics } from '../metrics.js';
 import type { Exchange } from '../providers/types.js';
+import { MAX_PROVIDER_WAIT_MS } from '../providers/retry.js';
 import { chooseDeployment } from './choose.js';
 import type { Cooldowns } from './cooldowns.js';
 
 /** Failures that move a call to another deployment (before its first byte): the provider's trouble, not the request's. */
 const FAILOVER_KINDS = new Set(['connection', 'timeout', '408', '429', '503', '529', '5xx']);
-/** The longest cooldown a provider's Retry-After can ask for. */
-const MAX_RETRY_AFTER_MS = 3_600_000;
 /** Cooldown ends of a model none of whose deployments is cooling down. */
 const NOT_COOLING = new Float64Array(16);
 
@@ -97,7 +96,7 @@ export class RoutedCall extends WrappedExchange {
     const d = this.deployment!;
     const provider = d.model.provider.id;
     // Whole milliseconds (a `retry-after-ms` may have a fraction; Redis keeps TTLs in whole ms).
-    const ms = Math.ceil(Math.max(this.routing.cooldownMs, Math.min(this.retryAfterMs ?? 0, MAX_RETRY_AFTER_MS)));
+    const ms = Math.ceil(Math.max(this.routing.cooldownMs, Math.min(this.retryAfterMs ?? 0, MAX_PROVIDER_WAIT_MS)));
     if (ms > 0) {
       this.host.cooldowns.start(d.key, ms);
       this.host.metrics.cooldown(provider);

@@ -132,6 +132,32 @@ describe('fault: hostile providers', () => {
     await stillServes();
   });
 
+  test('an error answer retried whose body never ends: the next attempt answers, and the connection left behind is let go', async () => {
+    let firstClosed = false;
+    up.queue.push((_req, res) => {
+      res.writeHead(503, { 'content-type': 'application/json', 'content-length': '1000' });
+      res.write('{'); // and nothing more, for ever
+      res.on('close', () => (firstClosed = true));
+    });
+    up.queue.push((_req, res) => json(res, 200, { id: 'ok', choices: [], usage: { prompt_tokens: 1, completion_tokens: 1 } }));
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-p', chatBody('bad'));
+    assert.equal(res.status, 200);
+    await res.text();
+    await until(() => firstClosed, 3000, 'the gateway let the first connection go');
+    await stillServes();
+  });
+
+  test('a Retry-After past reason (1e23 seconds, or 400 digits) reaches the client as at most an hour', async () => {
+    for (const wait of ['99999999999999999999999', '9'.repeat(400)]) {
+      up.queue.push((_req, res) => json(res, 429, { error: { message: 'slow down' } }, { 'retry-after': wait }));
+      const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-p', chatBody('bad'));
+      assert.equal(res.status, 429);
+      assert.equal(res.headers.get('retry-after'), '3600');
+      await res.text();
+    }
+    await stillServes();
+  });
+
   test('an answer in an encoding the gateway did not ask for (garbage gzip) is 502, charged an estimate', async () => {
     up.queue.push((_req, res) => {
       const body = Buffer.concat([gzipSync('{"usage":{"prompt_tokens":1}}').subarray(0, 10), Buffer.from('garbage')]);

@@ -213,4 +213,49 @@ describe('regression: abnormal ends were under-billed', () => {
     assert.equal(last().inputTokens, estimateInputTokens(body()));
     assert.equal(last().outputTokens, 2, 'the answer\'s 8 characters of text');
   });
+
+  test('usage without its output count is not believed (it would charge the output as 0, or message_start\'s 1): an estimate of what was relayed', async () => {
+    const text = 'y'.repeat(4000); // 1,000 tokens at 4 characters a token
+    // A chat completion, whole, and streamed with a usage chunk that has no completion_tokens.
+    up.queue.push((_req, res) => json(res, 200, {
+      id: 'c', object: 'chat.completion', created: 1, model: 'x',
+      choices: [{ index: 0, message: { role: 'assistant', content: text }, finish_reason: 'stop' }], usage: { prompt_tokens: 10 },
+    }));
+    let res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-a', { model: 'gpt-run', messages: [{ role: 'user', content: 'x' }] });
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.equal(last().estimated, true);
+    assert.equal(last().outputTokens, 1000);
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(`data: ${JSON.stringify({ id: 'c', choices: [{ index: 0, delta: { content: text }, finish_reason: 'stop' }] })}\n\n` +
+        `data: ${JSON.stringify({ id: 'c', choices: [], usage: { prompt_tokens: 10 } })}\n\ndata: [DONE]\n\n`);
+    });
+    let charges = entriesOf(gw, 'acct_a').length;
+    res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-a', { model: 'gpt-run', stream: true, messages: [{ role: 'user', content: 'x' }] });
+    assert.ok((await res.text()).endsWith('data: [DONE]\n\n'));
+    await until(() => entriesOf(gw, 'acct_a').length === charges + 1, 2000, 'charged');
+    assert.equal(last().estimated, true);
+    assert.equal(last().outputTokens, 1000);
+    // An Anthropic stream whose message_delta carries no output_tokens.
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const events: Array<[string, unknown]> = [
+        ['message_start', { type: 'message_start', message: { id: 'm', type: 'message', role: 'assistant', content: [], model: 'x', usage: { input_tokens: 10, output_tokens: 1 } } }],
+        ['content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } }],
+        ['content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text } }],
+        ['content_block_stop', { type: 'content_block_stop', index: 0 }],
+        ['message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn', stop_sequence: null }, usage: {} }],
+        ['message_stop', { type: 'message_stop' }],
+      ];
+      res.end(events.map(([type, data]) => `event: ${type}\ndata: ${JSON.stringify(data)}\n\n`).join(''));
+    });
+    charges = entriesOf(gw, 'acct_a').length;
+    res = await postJson(`${gw.url}/v1/messages`, 'sk-a', body('x', { stream: true }));
+    assert.ok((await res.text()).includes('message_stop'));
+    await until(() => entriesOf(gw, 'acct_a').length === charges + 1, 2000, 'charged');
+    assert.equal(last().estimated, true);
+    assert.equal(last().outputTokens, 1000);
+    assert.equal(last().inputTokens, 10, 'the input the provider reported (larger than the estimate)');
+  });
 });

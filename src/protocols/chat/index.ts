@@ -12,13 +12,17 @@ import type { WireProtocol } from '../types.js';
 /** The most answers one call may ask for (OpenAI's own bound on `n`). */
 export const MAX_CHOICES = 128;
 
-/** Usage of a Chat Completions (or Embeddings) answer: `prompt_tokens` includes the cached ones. */
-export function chatUsage(u: unknown): Usage | null {
+/**
+ * Usage of a Chat Completions (or Embeddings) answer: `prompt_tokens` includes the cached ones.
+ * A completion without `completion_tokens` is not believed (its output would be charged as 0):
+ * null, so the call is charged the estimate. Embeddings have none (`output: false`).
+ */
+export function chatUsage(u: unknown, output = true): Usage | null {
   if (!isObj(u)) return null;
   const prompt = count(u.prompt_tokens);
-  const completion = count(u.completion_tokens); // absent in embeddings
+  const completion = count(u.completion_tokens);
   const cached = isObj(u.prompt_tokens_details) ? count(u.prompt_tokens_details.cached_tokens) : ABSENT;
-  if (prompt < 0 || completion === INVALID || cached === INVALID) return null;
+  if (prompt < 0 || completion === INVALID || (output && completion < 0) || cached === INVALID) return null;
   const cacheRead = Math.min(Math.max(cached, 0), prompt);
   return { inputTokens: prompt - cacheRead, outputTokens: Math.max(completion, 0), cacheReadTokens: cacheRead, cacheWriteTokens: 0 };
 }

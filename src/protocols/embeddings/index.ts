@@ -59,7 +59,7 @@ export const embeddings: WireProtocol = {
 
   upstreamBody: modelSwapped,
 
-  usage: (json) => (isObj(json) ? chatUsage(json.usage) : null),
+  usage: (json) => (isObj(json) ? chatUsage(json.usage, false) : null),
 
   outputChars: () => 0,
 

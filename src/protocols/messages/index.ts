@@ -113,7 +113,9 @@ export const messages: WireProtocol = {
             break;
           }
           case 'message_delta': {
-            const seen = messagesUsage(msg.usage, usage);
+            // The final output count is this event's own: without one, message_start's (often
+            // 1) would be taken as final for the whole answer. Not final then: an estimate.
+            const seen = isObj(msg.usage) && count(msg.usage.output_tokens) >= 0 ? messagesUsage(msg.usage, usage) : null;
             if (seen !== null) {
               usage = seen;
               final = true;
