@@ -35,6 +35,11 @@ export function estimateInputTokens(body: Record<string, unknown>): number | nul
   return Math.min(MAX_TOKENS, Math.ceil(chars / 4) + media);
 }
 
+/** Whether a value nests deeper than MAX_DEPTH (found without recursing past it). */
+export function nestsTooDeep(value: unknown): boolean {
+  return !walk(value, 1, false);
+}
+
 // The walk's tallies (it runs synchronously, one body at a time).
 let chars = 0;
 let media = 0;

@@ -2,7 +2,7 @@ import { isObj } from '../protocols/common.js';
 import { TextDelta } from '../protocols/messages/text-delta.js';
 import type { ParsedEvents } from '../providers/sse.js';
 import {
-  anthropicEvent, argumentsObject, checkKnown, dataEvent, dataUrl, lookup, refuse, StreamEnded, textOf, toolId, toolName,
+  anthropicEvent, argumentsObject, checkKnown, dataEvent, dataUrl, lookup, refuse, shown, StreamEnded, textOf, toolId, toolName,
 } from './common.js';
 import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
@@ -75,7 +75,7 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   out.max_tokens = facts.maxOutputTokens;
   if (body.stop !== undefined && body.stop !== null) out.stop_sequences = typeof body.stop === 'string' ? [body.stop] : body.stop;
   sampling(body, out);
-  tools(body, out, names);
+  tools(body, out, names, dropped);
   thinking(body.reasoning_effort, 'reasoning_effort', out);
   return { body: out, dropped, names };
 }
@@ -99,7 +99,7 @@ function userBlocks(content: unknown, at: string, dropped: string[]): Block[] {
     } else if (p.type === 'file' && isObj(p.file) && typeof p.file.file_data === 'string' && dataUrl(p.file.file_data)?.mediaType === 'application/pdf') {
       blocks.push({ type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: dataUrl(p.file.file_data)!.data } });
     } else {
-      refuse(where, `"${where}" (${String(p.type)}) has no equivalent on this model's provider: text, images and PDF files (as data) can be translated.`);
+      refuse(where, `"${where}" (${shown(p.type)}) has no equivalent on this model's provider: text, images and PDF files (as data) can be translated.`);
     }
   });
   return blocks;
@@ -137,7 +137,7 @@ function assistantBlocks(msg: Record<string, unknown>, at: string, names: Map<st
   return blocks;
 }
 
-function tools(body: Record<string, unknown>, out: Record<string, unknown>, names: Map<string, string>): void {
+function tools(body: Record<string, unknown>, out: Record<string, unknown>, names: Map<string, string>, dropped: string[]): void {
   if (Array.isArray(body.tools) && body.tools.length > 0) {
     out.tools = body.tools.map((tool, i) => {
       const t = isObj(tool) ? tool : {};
@@ -147,6 +147,7 @@ function tools(body: Record<string, unknown>, out: Record<string, unknown>, name
       }
       const def: Record<string, unknown> = { name: toolName(fn.name, names), input_schema: isObj(fn.parameters) ? fn.parameters : { type: 'object', properties: {} } };
       if (typeof fn.description === 'string') def.description = fn.description;
+      if (fn.strict === true && !dropped.includes('tools.strict')) dropped.push('tools.strict'); // schema adherence is not guaranteed there
       return def;
     });
   }

@@ -1,4 +1,5 @@
 import { hash } from 'node:crypto';
+import { MAX_DEPTH, nestsTooDeep } from '../billing/estimate.js';
 import { isObj } from '../protocols/common.js';
 import { readEvent, TextDelta } from '../protocols/messages/text-delta.js';
 import { eventData, type ParsedEvents } from '../providers/sse.js';
@@ -74,7 +75,20 @@ export function argumentsObject(args: unknown, param: string): Record<string, un
   } catch {
     return refuse(param, `"${param}" is not valid JSON, and the model's provider needs the arguments as an object.`);
   }
-  return isObj(parsed) ? parsed : refuse(param, `"${param}" must be a JSON object.`);
+  if (!isObj(parsed)) return refuse(param, `"${param}" must be a JSON object.`);
+  // The body's depth was checked with the arguments as a string; as an object they nest in it.
+  if (nestsTooDeep(parsed)) return refuse(param, `"${param}" nests deeper than ${MAX_DEPTH} levels.`);
+  return parsed;
+}
+
+/**
+ * A client's value named in an error message: a string as it is, anything else by its kind
+ * (String() of an object can throw: `{"toString": 1}`).
+ */
+export function shown(v: unknown): string {
+  if (typeof v === 'string') return v;
+  if (v === null || typeof v !== 'object') return String(v);
+  return Array.isArray(v) ? 'an array' : 'an object';
 }
 
 /**

@@ -24,7 +24,8 @@ export class TranslatedCall extends WrappedExchange {
     super(inner);
     this.translatedBody = request.body;
     this.translatedText = JSON.stringify(request.body);
-    this.dropped = request.dropped.length > 0 ? ['x-gateway-dropped', request.dropped.join(', ')] : [];
+    // Visible ASCII only, whatever a translator names: a header value with other bytes throws.
+    this.dropped = request.dropped.length > 0 ? ['x-gateway-dropped', request.dropped.join(', ').replace(/[^\x20-\x7e]/g, '?')] : [];
     this.parsed = inner.stream ? new ParsedEvents() : undefined;
     this.transduce = inner.stream ? translator.stream(call, this.parsed) : null;
   }

@@ -1,6 +1,6 @@
 import { isObj } from '../protocols/common.js';
 import { eventData, type ParsedEvents } from '../providers/sse.js';
-import { answerArguments, checkKnown, eventObject, lookup, refuse, StreamEnded, textOf, toolId, toolName } from './common.js';
+import { answerArguments, checkKnown, eventObject, lookup, refuse, shown, StreamEnded, textOf, toolId, toolName } from './common.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
 /**
@@ -108,7 +108,7 @@ function userMessages(content: unknown, at: string, out: Message[], drop: (what:
     } else if (b.type === 'document' && isObj(b.source) && b.source.type === 'text' && typeof b.source.data === 'string') {
       parts.push({ type: 'text', text: b.source.data });
     } else {
-      refuse(where, `"${where}" (${String(b.type)}) has no equivalent on this model's provider: text, images, PDF documents and tool results can be translated.`);
+      refuse(where, `"${where}" (${shown(b.type)}) has no equivalent on this model's provider: text, images, PDF documents and tool results can be translated.`);
     }
   });
   if (parts.length === 0) return;
@@ -140,7 +140,7 @@ function assistantMessage(content: unknown, at: string, names: Map<string, strin
     else if (b.type === 'tool_use' && typeof b.name === 'string') {
       calls.push({ id: toolId(b.id, `toolu_${j}`), type: 'function', function: { name: toolName(b.name, names), arguments: JSON.stringify(b.input ?? {}) } });
     } else if (b.type === 'thinking' || b.type === 'redacted_thinking') drop('thinking'); // the model's own reasoning: no place for it in chat
-    else refuse(where, `"${where}" (${String(b.type)}) has no equivalent on this model's provider.`);
+    else refuse(where, `"${where}" (${shown(b.type)}) has no equivalent on this model's provider.`);
   });
   const msg: Message = { role: 'assistant', content: text === '' && calls.length > 0 ? null : text };
   if (calls.length > 0) msg.tool_calls = calls;
@@ -152,7 +152,7 @@ function tools(body: Record<string, unknown>, out: Record<string, unknown>, name
     out.tools = body.tools.map((tool, i) => {
       const t = isObj(tool) ? tool : {};
       if ((t.type !== undefined && t.type !== 'custom') || typeof t.name !== 'string') {
-        return refuse(`tools[${i}]`, `"tools[${i}]" (${String(t.type ?? t.name)}) is a server tool with no equivalent on this model's provider.`);
+        return refuse(`tools[${i}]`, `"tools[${i}]" (${shown(t.type ?? t.name)}) is a server tool with no equivalent on this model's provider.`);
       }
       if (t.cache_control !== undefined) drop('cache_control');
       if (t.defer_loading !== undefined) drop('defer_loading');

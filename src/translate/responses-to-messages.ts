@@ -1,7 +1,7 @@
 import { isObj } from '../protocols/common.js';
 import { TextDelta } from '../protocols/messages/text-delta.js';
 import type { ParsedEvents } from '../providers/sse.js';
-import { anthropicEvent, argumentsObject, checkKnown, dataUrl, refuse, StreamEnded, textOf, toolId, toolName } from './common.js';
+import { anthropicEvent, argumentsObject, checkKnown, dataUrl, refuse, shown, StreamEnded, textOf, toolId, toolName } from './common.js';
 import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
@@ -20,6 +20,8 @@ const KNOWN = new Set([
 const DROPPABLE = ['store', 'include', 'prompt_cache_key', 'client_metadata', 'metadata', 'service_tier', 'truncation', 'stream_options'];
 /** Separates a namespace from its function in `names` (no tool name holds it). */
 const NAMESPACED = '\u0000';
+/** A hosted tool's type as the `x-gateway-dropped` header may name it. */
+const TOOL_TYPE = /^[A-Za-z0-9_.-]{1,64}$/;
 /** Marks the gateway's own `encrypted_content`: an Anthropic thinking block, carried through the client and back. */
 const THINKING = 'mg-thinking-v1:';
 
@@ -36,6 +38,8 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   }
   if (body.background === true) refuse('background', '"background" has no equivalent on this model\'s provider.');
   if (typeof body.top_logprobs === 'number' && body.top_logprobs > 0) refuse('top_logprobs', '"top_logprobs" has no equivalent on this model\'s provider.');
+  if (body.instructions !== undefined && body.instructions !== null && typeof body.instructions !== 'string') refuse('instructions', '"instructions" must be a string.');
+  if (isObj(body.text) && body.text.format !== undefined && body.text.format !== null && !isObj(body.text.format)) refuse('text.format', '"text.format" must be an object.');
   if (isObj(body.text) && isObj(body.text.format) && body.text.format.type !== 'text') {
     refuse('text.format', '"text.format" (JSON output) has no equivalent on this model\'s provider; describe the format in the prompt.');
   }
@@ -71,7 +75,7 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
       if (thinking !== null) push('assistant', [thinking]);
       else drop('reasoning');
     } else {
-      refuse(at, `"${at}" (${String(type)}) has no equivalent on this model's provider.`);
+      refuse(at, `"${at}" (${shown(type)}) has no equivalent on this model's provider.`);
     }
   });
 
@@ -104,7 +108,7 @@ function userBlocks(content: unknown, at: string): Block[] {
     } else if (p.type === 'input_file' && typeof p.file_data === 'string' && dataUrl(p.file_data)?.mediaType === 'application/pdf') {
       blocks.push({ type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: dataUrl(p.file_data)!.data } });
     } else {
-      refuse(where, `"${where}" (${String(p.type)}) has no equivalent on this model's provider: text, images and PDF files (as data) can be translated.`);
+      refuse(where, `"${where}" (${shown(p.type)}) has no equivalent on this model's provider: text, images and PDF files (as data) can be translated.`);
     }
   });
   return blocks;
@@ -120,6 +124,7 @@ function tools(body: Record<string, unknown>, out: Record<string, unknown>, name
     if (namespace !== null) names.set(name, `${namespace}${NAMESPACED}${fn.name}`);
     const def: Block = { name, input_schema: isObj(fn.parameters) ? fn.parameters : { type: 'object', properties: {} } };
     if (typeof fn.description === 'string') def.description = fn.description;
+    if (fn.strict === true) drop('tools.strict'); // schema adherence is not guaranteed there
     list.push(def);
   };
   (Array.isArray(body.tools) ? body.tools : []).forEach((tool, i) => {
@@ -135,8 +140,9 @@ function tools(body: Record<string, unknown>, out: Record<string, unknown>, name
     } else if (t.type === 'web_search' || t.type === 'web_search_preview') {
       list.push({ type: 'web_search_20250305', name: 'web_search' });
     } else {
-      // A hosted tool Anthropic has no equivalent of: the model simply does not get it.
-      drop(`tools.${String(t.type)}`);
+      // A hosted tool Anthropic has no equivalent of: the model simply does not get it. Its
+      // name goes into a response header: only a plain name is shown, never the client's bytes.
+      drop(`tools.${typeof t.type === 'string' && TOOL_TYPE.test(t.type) ? t.type : 'other'}`);
     }
   });
   if (list.length > 0) out.tools = list;

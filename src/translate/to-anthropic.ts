@@ -14,7 +14,8 @@ export function turnList(): { turns: Turn[]; push(role: Turn['role'], blocks: Bl
     push(role, blocks) {
       if (blocks.length === 0) return;
       const last = turns.at(-1);
-      if (last !== undefined && last.role === role) last.content.push(...blocks);
+      // One at a time: a spread of a client-sized array can pass the engine's argument limit.
+      if (last !== undefined && last.role === role) for (const block of blocks) last.content.push(block);
       else turns.push({ role, content: blocks });
     },
   };
