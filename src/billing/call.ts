@@ -164,13 +164,22 @@ export class BilledCall implements Exchange {
   }
 
   settle(usage: Usage | null, then: () => void): void {
-    if (this.settled) return then();
+    if (this.settled) return this.guarded(then);
     const durable = usage === null ? this.charge(this.abnormalUsage(), true) : this.charge(usage, false);
-    if (!(durable instanceof Promise)) return then();
+    if (!(durable instanceof Promise)) return this.guarded(then);
     // The final bytes leave only once the charge is on disk (group commit).
     durable.then(() => {
-      if (!this.aborted) then();
+      if (!this.aborted) this.guarded(then);
     }, () => this.res.destroy());
+  }
+
+  /** Runs what writes the final bytes: a bug there fails this call (after a ledger's promise, it would end the process). */
+  private guarded(then: () => void): void {
+    try {
+      then();
+    } catch (err) {
+      this.crash(err);
+    }
   }
 
   fail(code: ErrorCode, details: ErrorDetails = {}): void {

@@ -279,11 +279,25 @@ export class HttpProvider implements Provider {
           waiting = setTimeout(() => { waiting = null; attempt(n + 1); }, wait);
         });
       };
+      // A bug in what an outcome leads to fails this call, never the process (these run from sockets' events).
       req.on('response', (res) => {
         ex.observeUpstream((performance.now() - sentAt) / 1000);
-        settle({ kind: 'response', res });
+        try {
+          settle({ kind: 'response', res });
+        } catch (err) {
+          res.destroy();
+          call.end();
+          ex.crash(err);
+        }
       });
-      req.on('error', (error) => settle({ kind: 'error', error }));
+      req.on('error', (error) => {
+        try {
+          settle({ kind: 'error', error });
+        } catch (err) {
+          call.end();
+          ex.crash(err);
+        }
+      });
       req.end(body);
     };
     attempt(1);
@@ -333,7 +347,7 @@ export class HttpProvider implements Provider {
         return retry(wait, otherKey);
       }
     }
-    readAnswer(res, MAX_ERROR_BYTES, call, (answer) => {
+    readAnswer(ex, res, MAX_ERROR_BYTES, call, (answer) => {
       if (ex.aborted) return;
       const retryAfterS = providerWait === null ? undefined : Math.ceil(providerWait / 1000);
       const message = providerMessage(answer.toString('utf8'));
@@ -363,7 +377,7 @@ export class HttpProvider implements Provider {
     }
 
     if (!contentType.startsWith('text/event-stream')) {
-      readAnswer(res, MAX_ANSWER_BYTES, call, (answer, complete) => {
+      readAnswer(ex, res, MAX_ANSWER_BYTES, call, (answer, complete) => {
         if (ex.aborted) return;
         if (!complete) {
           ex.upstreamFailed('cut');
@@ -486,8 +500,7 @@ export class HttpProvider implements Provider {
         cut(err instanceof EventTooLarge ? `the provider sent an event over ${MAX_EVENT_CHARS} characters` : 'the provider sent an event the gateway cannot read');
       }
     });
-    res.on('end', () => {
-      if (ended) return;
+    const onEnd = () => {
       const rest = splitter.rest();
       if (rest !== '') {
         let seen;
@@ -503,6 +516,16 @@ export class HttpProvider implements Provider {
         if (text !== '') ex.write(text);
       }
       endWith('');
+    };
+    res.on('end', () => {
+      if (ended) return;
+      try {
+        onEnd();
+      } catch (err) {
+        ended = true;
+        clearTimeout(idle);
+        ex.crash(err); // a bug: this call fails, never the process
+      }
     });
     res.on('error', () => cut('the provider\'s stream broke off'));
     res.on('close', () => {
@@ -524,12 +547,19 @@ function discard(res: IncomingMessage, ms: number): void {
   res.resume();
 }
 
-/** Reads an answer's body whole under the call's timer, which it stops when done. */
-function readAnswer(res: IncomingMessage, limit: number, call: Call, then: (answer: Buffer, complete: boolean) => void): void {
+/**
+ * Reads an answer's body whole under the call's timer, which it stops when done; a bug in
+ * `then` fails the call (it runs from the socket's events), never the process.
+ */
+function readAnswer(ex: Exchange, res: IncomingMessage, limit: number, call: Call, then: (answer: Buffer, complete: boolean) => void): void {
   call.readingBody();
   readSome(res, limit, (answer, complete) => {
     call.end();
-    then(answer, complete);
+    try {
+      then(answer, complete);
+    } catch (err) {
+      ex.crash(err);
+    }
   });
 }
 

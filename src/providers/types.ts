@@ -101,6 +101,12 @@ export interface Exchange {
    * provider's final usage when it had already given it, else as an abnormal end.
    */
   cut(why: string, finalUsage?: Usage | null): void;
+  /**
+   * A bug in the gateway's own handling of this call (an exception where none was expected):
+   * answered 500 when nothing was sent yet, else cut; charged as an abnormal end if the
+   * provider had the request. The call fails, never the process.
+   */
+  crash(err: unknown): void;
 }
 
 /**

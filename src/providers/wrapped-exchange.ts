@@ -40,4 +40,5 @@ export class WrappedExchange implements Exchange {
   fail(code: ErrorCode, details?: ErrorDetails): void { this.inner.fail(code, details); }
   failWith(code: string, spec: ErrorSpec, message: string): void { this.inner.failWith(code, spec, message); }
   cut(why: string, finalUsage?: Usage | null): void { this.inner.cut(why, finalUsage); }
+  crash(err: unknown): void { this.inner.crash(err); }
 }

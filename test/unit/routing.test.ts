@@ -120,6 +120,7 @@ class FakeBilled implements ServedExchange {
   header(): undefined { return undefined; }
   settle(_u: unknown, then: () => void): void { then(); }
   cut(): void {}
+  crash(): void {}
 }
 
 function deploymentsOf(...specs: Array<[provider: string, weight: number, fallback?: boolean]>): Deployment[] {
