@@ -15,7 +15,12 @@ export function parseUsd(value: unknown): number | string {
     if (!Number.isFinite(value)) return 'must be a finite amount';
     // Going through the shortest decimal text avoids binary float error (0.15 * 1e6 !== 150000).
     text = String(value);
-    if (text.includes('e')) text = value.toFixed(7).replace(/0+$/, '');
+    if (text.includes('e')) {
+      // JavaScript writes an amount below 1e-6 with an exponent: not zero, it has more than 6
+      // decimals (toFixed would round 4e-8 to 0, and a cap of 4e-8 would be a cap of 0).
+      if (Math.abs(value) < 1) return 'has more than 6 decimal places (the unit is one micro-dollar)';
+      text = value.toFixed(7).replace(/0+$/, '');
+    }
   } else if (typeof value === 'string') {
     text = value.trim();
   } else {

@@ -79,6 +79,11 @@ export class Credits {
   private async make(request: CreditRequest): Promise<LedgerEntry> {
     const { account, amountMicro } = request;
     const before = await this.ctx.limiter.snapshot(account);
+    if (!Number.isSafeInteger((before.balanceMicro ?? 0) + amountMicro)) {
+      throw new GatewayError('invalid_request', {
+        message: 'The balance after this credit would be over 9,007,199,254 USD, more than the gateway counts.', fields: { param: 'amountUsd' },
+      });
+    }
     const entry = creditEntry({
       accountId: account.id, amountMicro, balanceAfterMicro: addMicro(before.balanceMicro ?? 0, amountMicro), at: this.ctx.now(),
       requestId: request.requestId, note: request.note, idempotencyKey: request.idempotencyKey,

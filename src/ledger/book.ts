@@ -1,4 +1,5 @@
 import { DAY_MS } from '../clock.js';
+import { addMicro } from '../money.js';
 import type { AccountTotals, GroupBy, LedgerEntry, UsageRow } from './types.js';
 
 /**
@@ -30,7 +31,8 @@ export function addToTotals(totals: Map<string, AccountTotals>, e: LedgerEntry):
   }
   // The prepaid balance: a charge has a balance after it only when it was charged to one
   // (a postpaid account's spend is invoiced, not taken from a later prepaid balance).
-  if (e.type === 'credit' || e.balanceAfterMicro !== null) t.balanceMicro += e.amountMicro;
+  // Saturating, as the limiters do: a total past 2^53 would be refused at the next start.
+  if (e.type === 'credit' || e.balanceAfterMicro !== null) t.balanceMicro = addMicro(t.balanceMicro, e.amountMicro);
   if (e.type === 'credit') {
     t.credited = true;
     return;
@@ -39,7 +41,7 @@ export function addToTotals(totals: Map<string, AccountTotals>, e: LedgerEntry):
     t.day = day;
     t.spentMicro = 0;
   }
-  if (day === t.day) t.spentMicro -= e.amountMicro;
+  if (day === t.day) t.spentMicro = addMicro(t.spentMicro, -e.amountMicro);
 }
 
 /**

@@ -1,6 +1,7 @@
 import { DAY_MS } from '../clock.js';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
+import { addMicro } from '../money.js';
 import { creditMarker } from '../billing/entries.js';
 import type { LedgerMoney } from '../limiter/redis.js';
 import { addToTotals, CREDIT_KEY_DAYS, groupUsage, type UsageCell } from './book.js';
@@ -375,8 +376,9 @@ export class PostgresLedger implements Ledger {
     const out = new Map<string, AccountTotals>();
     for (const r of rows) {
       out.set(String(r.account_id), {
-        balanceMicro: Number(r.balance_micro), credited: r.credited === true,
-        day: r.day == null ? 0 : Number(r.day), spentMicro: r.cost == null ? 0 : Number(r.cost),
+        // Sums past 2^53 (credits added up) saturate, as the limiters' money does.
+        balanceMicro: addMicro(0, Number(r.balance_micro)), credited: r.credited === true,
+        day: r.day == null ? 0 : Number(r.day), spentMicro: r.cost == null ? 0 : addMicro(0, Number(r.cost)),
       });
     }
     return out;

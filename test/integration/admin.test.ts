@@ -154,6 +154,13 @@ describe('admin API', () => {
         assert.equal((await admin('POST', '/admin/v1/accounts/acct_new/credits', { amountUsd: 1, note })).status, 400, JSON.stringify(note));
       }
       assert.equal((await admin('POST', '/admin/v1/accounts/acct_none/credits', { amountUsd: 1 })).status, 404);
+      // Each amount is a safe integer of micro-dollars, their sum is not: the second is refused
+      // (the books would hold a balance the next start refuses to restore).
+      assert.equal((await admin('POST', '/admin/v1/accounts/acct_new/credits', { amountUsd: 9_000_000_000 })).status, 201);
+      const over = await admin('POST', '/admin/v1/accounts/acct_new/credits', { amountUsd: 9_000_000_000 });
+      assert.equal(over.status, 400);
+      assert.equal(over.body!.error.param, 'amountUsd');
+      assert.equal((await admin('GET', '/admin/v1/accounts/acct_new')).body!.balance, 9_000_000_012.5);
       // Replacing the account keeps it prepaid and keeps its balance.
       await admin('PUT', '/admin/v1/accounts/acct_new', { plan: 'free', prepaid: false });
       assert.equal((await admin('GET', '/admin/v1/accounts/acct_new')).body!.prepaid, true);

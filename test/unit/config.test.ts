@@ -199,6 +199,8 @@ describe('money', () => {
     assert.equal(parseUsd('100'), 100_000_000);
     assert.equal(parseUsd(-2.5), -2_500_000);
     assert.equal(typeof parseUsd(1e-7), 'string');
+    // Below 1e-6 a number is written with an exponent: not rounded to 0 (a cap of 4e-8 is not a cap of 0).
+    for (const tiny of [4e-8, -4e-8, 5e-324]) assert.equal(typeof parseUsd(tiny), 'string', String(tiny));
     assert.equal(typeof parseUsd('1,5'), 'string');
     assert.equal(typeof parseUsd(true), 'string');
     assert.equal(typeof parseUsd(Infinity), 'string');

@@ -70,6 +70,16 @@ describe('LedgerBook', () => {
     assert.deepEqual(LedgerBook.load(JSON.parse(JSON.stringify(book.save()))).usage('a', d0, d0 + 1, 'day'), book.usage('a', d0, d0 + 1, 'day'));
   });
 
+  test('totals saturate at 2^53 - 1 as the limiters do: books that add up past it still restore at the next start', () => {
+    const book = new LedgerBook();
+    book.apply(credit('a', 9e15));
+    book.apply(credit('a', 9e15));
+    assert.equal(book.totals.get('a')!.balanceMicro, Number.MAX_SAFE_INTEGER);
+    book.apply(charge('a', 9e15));
+    book.apply(charge('a', 9e15));
+    assert.equal(book.totals.get('a')!.spentMicro, Number.MAX_SAFE_INTEGER);
+  });
+
   test('property: usage equals a plain sum over the entries, whatever their order (runs of one cell and switches)', () => {
     const next = rng(7);
     const pick = <T>(xs: T[]): T => xs[Math.floor(next() * xs.length)]!;
