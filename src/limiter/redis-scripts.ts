@@ -324,17 +324,22 @@ local function rpmwait(wt, wn, limit)
   local w = window(wt, wn)
   if w.total < limit then return 0 end
   local leaving = w.total - limit + 1
-  local from = 0
-  while true do
-    local page = redis.call('ZRANGE', wt, from, from + 99, 'WITHSCORES')
-    if #page == 0 then return 60000 end
-    for j = 1, #page, 2 do
-      local c = redis.call('HGET', wn, page[j])
-      leaving = leaving - (c and num(c) or 1)
-      if leaving <= 0 then return tonumber(page[j + 1]) + 60000 - now end
-    end
-    from = from + 100
+  -- Far over a limit that was lowered: within a minute every admission in the window has left,
+  -- an honest wait found without reading the window (each rejection would read up to 60,000
+  -- members, and a client refused in a loop would keep Redis busy for every account).
+  if leaving > 100 then return 60000 end
+  -- The oldest \`leaving\` members hold at least \`leaving\` admissions (a member counts one or
+  -- more): one read of them and of their counts. Fewer members: the rest are this call's own.
+  local page = redis.call('ZRANGE', wt, 0, leaving - 1, 'WITHSCORES')
+  local ids = {}
+  for j = 1, #page, 2 do ids[#ids + 1] = page[j] end
+  if #ids == 0 then return 60000 end
+  local counts = redis.call('HMGET', wn, unpack(ids))
+  for i = 1, #ids do
+    leaving = leaving - (counts[i] and num(counts[i]) or 1)
+    if leaving <= 0 then return tonumber(page[2 * i]) + 60000 - now end
   end
+  return 60000
 end
 local function rpmrecord(wt, wn)
   local w = window(wt, wn)

@@ -310,6 +310,23 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     assert.equal(calls('hdel'), 3, 't1 settled (1), t1 released after the answer (0), t2 settled and released before it (2, the second finding nothing)');
   });
 
+  test('RPM after a limit lowered far below the window: an honest wait of a minute, found without reading the window; near the limit, exact from its oldest members only', async () => {
+    const calls = (command: string) => Number(new RegExp(`cmdstat_${command}:calls=(\\d+)`).exec(cli('info', 'commandstats'))?.[1] ?? 0);
+    const a = fresh({ rpm: 1000 });
+    // 400 admissions in 40 calls, over several milliseconds.
+    for (let i = 0; i < 40; i++) await Promise.all(Array.from({ length: 10 }, () => lim.admitInstant(a, noKey, null)));
+    cli('config', 'resetstat');
+    const cut = await lim.admitInstant({ ...a, rpm: 10 }, noKey, null);
+    assert.equal(reason(cut as Decision), 'rate_limit_exceeded');
+    assert.equal((cut as unknown as { retryAfterMs: number }).retryAfterMs, 60_000);
+    assert.equal(calls('zrange') + calls('hmget'), 0, 'the window\'s members were not read (only its total)');
+    // 400 - 350 + 1 = 51 to leave: the oldest 51 members at most, in one read.
+    const near = await lim.admitInstant({ ...a, rpm: 350 }, noKey, null);
+    const wait = (near as unknown as { retryAfterMs: number }).retryAfterMs;
+    assert.ok(wait > 55_000 && wait < 60_000, `wait ${wait}`);
+    assert.deepEqual([calls('zrange'), calls('hmget')], [1, 1]);
+  });
+
   test('leases and reservations of one call are written once at its end: counted for the concurrency checks before, taken back by a release in the same call, and the key\'s set given its time to live', async () => {
     await withClient(async (client) => {
       const p = `pend${randomBytes(3).toString('hex')}{a}`;
