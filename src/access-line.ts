@@ -13,12 +13,18 @@ const MS_MAX = 24;
 const PATHS_MAX = 256;
 /** Parts kept per path (one per method and status seen on it), at most. */
 const PER_PATH_MAX = 8;
+/** Longer paths are not kept: the cache stays small in bytes too (a client's 16 KB paths, escaped, would be 32 KB each). */
+const PATH_KEPT_MAX = 512;
 
 interface Middle {
   method: string;
   status: number;
   /** `","method":…,"path":…,"status":…,"ms":` */
   bytes: Buffer;
+}
+
+function middleOf(method: string, path: string, status: number): Middle {
+  return { method, status, bytes: utf8(`","method":${quote(method)},"path":${quote(path)},"status":${status},"ms":`) };
 }
 
 /** Buffer's own one-byte string copy (what buf.write(s, o, 'latin1') calls; a third cheaper direct). */
@@ -128,6 +134,7 @@ export class AccessLines {
   }
 
   private findMiddle(method: string, path: string, status: number): Middle {
+    if (path.length > PATH_KEPT_MAX) return middleOf(method, path, status);
     let kept = this.middles.get(path);
     if (kept !== undefined) {
       for (let i = 0; i < kept.length; i++) {
@@ -140,7 +147,7 @@ export class AccessLines {
       kept = [];
       this.middles.set(path, kept);
     }
-    const middle = { method, status, bytes: utf8(`","method":${quote(method)},"path":${quote(path)},"status":${status},"ms":`) };
+    const middle = middleOf(method, path, status);
     kept.push(middle);
     return middle;
   }

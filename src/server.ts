@@ -26,7 +26,10 @@ export function createGatewayServer(gateway: Gateway): Server {
   server.maxConnections = maxConnections;
   server.on('checkExpectation', gateway.expectationFailed);
   server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
-    if (!socket.writable || err.code === 'ECONNRESET') {
+    // An answer under way on this connection (a malformed request pipelined after it, or a
+    // body never finished after it): nothing may be written into it, as Node's own handler does.
+    const current = (socket as Socket & { _httpMessage?: { headersSent?: boolean } | null })._httpMessage;
+    if (!socket.writable || err.code === 'ECONNRESET' || current?.headersSent === true) {
       socket.destroy();
       return;
     }
@@ -40,6 +43,11 @@ export function createGatewayServer(gateway: Gateway): Server {
       `content-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nx-request-id: ${id}\r\n${retry}` +
       `connection: close\r\n\r\n${body}`,
     );
+    // Half-closed by end(): a client that never closes its side would keep the connection (and
+    // a place under maxConnections) for ever. A second is enough to read the answer.
+    const gone = setTimeout(() => socket.destroy(), 1000);
+    gone.unref();
+    socket.once('close', () => clearTimeout(gone));
   });
   return server;
 }

@@ -83,6 +83,51 @@ describe('fault: hostile clients', () => {
     }
   });
 
+  test('a client that never closes its side after its 408 or 400 loses the connection within a second (found in review: it was held for ever)', async () => {
+    const connections = () => new Promise<number>((resolve) => gw.server.getConnections((_e, n) => resolve(n)));
+    gw.server.closeIdleConnections(); // the keep-alive connections of the tests before
+    await until(async () => (await connections()) === 0, 3000, 'no connection left from before');
+    const before = 0;
+    for (const request of ['GET /v1/models HTTP/1.1\r\nHost: x\r\n', 'GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n']) {
+      const { hostname, port } = new URL(gw.url);
+      // allowHalfOpen: the client's side stays open after the gateway's FIN, as a hostile client's would.
+      const socket = await new Promise<Socket>((resolve, reject) => {
+        const s = connect({ port: Number(port), host: hostname, allowHalfOpen: true }, () => resolve(s));
+        s.on('error', () => {});
+        s.once('connect', () => resolve(s));
+        s.once('error', reject);
+      });
+      let text = '';
+      socket.on('data', (d: Buffer) => { text += d.toString('latin1'); });
+      try {
+        socket.write(request);
+        // The 408 comes after headersTimeoutMs (1 s, checked every 0.5 s).
+        await until(() => /^HTTP\/1\.1 (408|400) /.test(text), 3000, 'the answer');
+        await until(async () => (await connections()) <= before, 2000, 'the connection let go while the client keeps its side open');
+      } finally {
+        socket.destroy();
+      }
+    }
+  });
+
+  test('a malformed request pipelined after a streamed answer is not answered inside it: the connection is cut', async () => {
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(`data: ${JSON.stringify({ id: 'c', choices: [{ index: 0, delta: { content: 'a' }, finish_reason: null }] })}\n\n`);
+      setTimeout(() => res.end(`data: ${JSON.stringify({ id: 'c', choices: [], usage: { prompt_tokens: 1, completion_tokens: 1 } })}\n\ndata: [DONE]\n\n`), 300);
+    });
+    const socket = await open(gw.url);
+    const end = received(socket);
+    const body = JSON.stringify({ model: 'big', stream: true, messages: [{ role: 'user', content: 'x' }] });
+    socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-h\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
+    await new Promise((r) => setTimeout(r, 100));
+    socket.write('GET / HTTP/1.1\r\nBad Header\r\n\r\n');
+    const { text } = await end;
+    assert.match(text, /^HTTP\/1\.1 200 /);
+    assert.doesNotMatch(text, /HTTP\/1\.1 400/, 'no second answer inside the stream');
+    await until(() => gw.gateway.inFlight === 0, 3000, 'the slot back');
+  });
+
   test('maxConnections: connections beyond it are closed as they arrive; those held keep working', async () => {
     const held = await Promise.all(Array.from({ length: 400 }, () => open(gw.url)));
     const counted = () => new Promise<number>((resolve) => gw.server.getConnections((_err, n) => resolve(n)));

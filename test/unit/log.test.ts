@@ -3,7 +3,9 @@ import { execFileSync } from 'node:child_process';
 import { closeSync, constants, mkdtempSync, openSync, readFileSync, readSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { performance } from 'node:perf_hooks';
 import { mock, test } from 'node:test';
+import { AccessLines } from '../../src/access-line.js';
 import { LogOutput } from '../../src/log-output.js';
 import { Logger } from '../../src/log.js';
 
@@ -161,4 +163,18 @@ test('access lines: every field right through the byte encoder, its caches (300 
     assert.ok(Math.abs(Date.parse(String(time)) - Date.now()) < 60_000);
     assert.deepEqual(rest, expected[i], `line ${i}`);
   });
+});
+
+test('access lines: the parts kept per path stay small in bytes; a long path is written whole, never kept (found in review: 256 paths of 16 KB were kept)', () => {
+  const lines: string[] = [];
+  const access = new AccessLines(new LogOutput((text) => lines.push(text), 1_048_576), (line) => lines.push(line));
+  const kept = () => (access as unknown as { middles: Map<string, unknown> }).middles.size;
+  for (let i = 0; i < 300; i++) access.write(performance.now(), 'req_1', 'GET', `/${'\\'.repeat(600)}${i}`, 404, 10, null, null);
+  assert.equal(kept(), 0);
+  access.write(performance.now(), 'req_2', 'GET', '/v1/models', 200, 10, null, null);
+  assert.equal(kept(), 1, 'a short path is kept as before');
+  (access as unknown as { output: LogOutput }).output.flushSync();
+  const written = lines.join('').trimEnd().split('\n').map((l) => JSON.parse(l) as { path: string });
+  assert.equal(written.length, 301);
+  assert.equal(written[299]!.path, `/${'\\'.repeat(600)}299`);
 });
