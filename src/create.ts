@@ -166,22 +166,19 @@ export async function startGateway(
         s.closeAllConnections();
       }, drainTimeoutMs);
       forced.unref();
-      // A keep-alive connection turns idle when its last answer ends: closed then, so the drain
-      // ends with the last call, not at its deadline.
-      const idle = setInterval(() => s.closeIdleConnections(), 50);
       await new Promise<void>((resolve) => {
         s.close(() => resolve());
         s.closeIdleConnections();
       });
       clearTimeout(forced);
-      clearInterval(idle);
       // Calls cut at the deadline are charged when their answers close, just after their
-      // connections: the ledger must take those charges before it closes.
+      // connections, and with a remote limiter once their settlements answer: the ledger must
+      // take those charges before it closes.
       const until = Date.now() + 2000;
-      while (gateway.inFlight > 0 && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+      while ((gateway.inFlight > 0 || gateway.settling > 0) && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
     } else {
       const until = Date.now() + drainTimeoutMs;
-      while (gateway.inFlight > 0 && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+      while ((gateway.inFlight > 0 || gateway.settling > 0) && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
     }
     await gateway.admin.close();
     await gateway.ledger.close();

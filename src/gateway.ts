@@ -67,6 +67,7 @@ export class Gateway implements RouteHost {
   draining = false;
   /** Requests admitted and not yet finished (for the drain). */
   inFlight = 0;
+  settling = 0;
   /** Calls waiting for a client that does not read its answer (server.clientIdleTimeoutMs). */
   clientIdle: Watchlist;
   /** Admin credits: durable, then live; idempotent. */

@@ -28,8 +28,9 @@ export function createGatewayServer(gateway: Gateway): Server {
   server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
     // An answer under way on this connection (a malformed request pipelined after it, or a
     // body never finished after it): nothing may be written into it, as Node's own handler does.
-    const current = (socket as Socket & { _httpMessage?: { headersSent?: boolean } | null })._httpMessage;
-    if (!socket.writable || err.code === 'ECONNRESET' || current?.headersSent === true) {
+    // (One already ended is sent whole first: the 400 follows it.)
+    const current = (socket as Socket & { _httpMessage?: { headersSent?: boolean; writableEnded?: boolean } | null })._httpMessage;
+    if (!socket.writable || err.code === 'ECONNRESET' || (current?.headersSent === true && current.writableEnded !== true)) {
       socket.destroy();
       return;
     }

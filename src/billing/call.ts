@@ -31,6 +31,10 @@ export interface CallHost {
   readonly clientIdle: Watchlist;
   /** Calls admitted and not yet over (the drain waits for 0). */
   inFlight: number;
+  /** Charges waiting for a remote limiter's settlement before they are recorded (the drain waits for 0 too). */
+  settling: number;
+  /** True once the drain began. */
+  readonly draining: boolean;
   /** Records an entry; a promise resolves once it is durable. */
   record(entry: LedgerEntry): void | Promise<void>;
   /** Writes the access log line of a request, once. */
@@ -129,6 +133,10 @@ export class BilledCall implements Exchange {
   }
 
   end(chunk?: string | Buffer): void {
+    // An answer begun before the drain was sent keep-alive: its connection closes once the
+    // answer has left (so the drain ends with its last call), never before.
+    const socket = this.gw.draining ? this.res.socket : null;
+    if (socket !== null) this.res.once('finish', () => socket.destroySoon());
     this.res.end(chunk);
     // The last bytes may sit in the socket's buffer if the client stopped reading: the slot is
     // held until they are read, so the same idle bound applies.
@@ -257,8 +265,15 @@ export class BilledCall implements Exchange {
       costMicro: cost, balanceAfterMicro, usage, estimated, at: gw.clock.now(),
     }));
     if (!(settlement instanceof Promise)) return write(settlement.balanceAfterMicro);
+    // Counted until recorded: a call already over (its slot given back) may still be waiting
+    // for its settlement, and the drain must not close the ledger under it.
+    gw.settling++;
     // If the shared store cannot take the charge, the history still must: record it anyway.
-    return settlement.then((s) => write(s.balanceAfterMicro), (err: unknown) => {
+    return settlement.then((s) => {
+      gw.settling--;
+      return write(s.balanceAfterMicro);
+    }, (err: unknown) => {
+      gw.settling--;
       gw.logger.error('settlement failed; recorded in the ledger only', { request_id: this.ctx.id, error: String(err) });
       return write(null);
     });

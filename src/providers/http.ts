@@ -497,6 +497,9 @@ export class HttpProvider implements Provider {
         onData(chunk);
       } catch (err) {
         res.destroy();
+        // After the final event (its charge, its answer's end) it can only be a bug: the call
+        // fails; a cut would do nothing now, and the client would wait for an end that never comes.
+        if (ended) return ex.crash(err);
         cut(err instanceof EventTooLarge ? `the provider sent an event over ${MAX_EVENT_CHARS} characters` : 'the provider sent an event the gateway cannot read');
       }
     });

@@ -8,7 +8,9 @@ import { describe, test } from 'node:test';
 import { createGateway } from '../../src/index.js';
 import { FileLedger } from '../../src/ledger/file.js';
 import { Logger } from '../../src/log.js';
+import { FakeUpstream, json, openaiCompletion } from '../helpers/fake-upstream.js';
 import { testConfig } from '../helpers/gateway.js';
+import { hasRedis, RedisServer } from '../helpers/redis-server.js';
 
 /**
  * The drain (close(), SIGTERM) with streams still running. Found in review: at the drain's
@@ -18,7 +20,7 @@ import { testConfig } from '../helpers/gateway.js';
  */
 const quiet = new Logger(() => {});
 
-function config(dir: string, drainTimeoutMs: number, tokensPerSecond: number) {
+function config(dir: string, drainTimeoutMs: number, tokensPerSecond: number, more: Record<string, unknown> = {}) {
   return testConfig({
     server: { host: '127.0.0.1', port: 0, drainDelayMs: 0, drainTimeoutMs },
     ledger: { store: 'file', dir },
@@ -27,6 +29,7 @@ function config(dir: string, drainTimeoutMs: number, tokensPerSecond: number) {
     keys: { key_d: { account: 'acct_d', key: 'sk-d' } },
     models: { slow: { provider: 'paced', price: { inputPerMillion: 1, outputPerMillion: 1 } } },
     providers: { paced: { protocol: 'mock', tokensPerSecond } },
+    ...more,
   });
 }
 
@@ -70,6 +73,57 @@ describe('fault: a drain with streams running', () => {
     await gw.close();
     assert.deepEqual(await Promise.all(calls.map((c) => c.ended)), ['cut', 'cut']);
     assert.equal(await charges(dir), 2, 'both cut calls charged');
+  });
+
+  test('with the Redis limiter too: the charges of cut streams wait for their settlements, then reach the ledger', { skip: hasRedis ? false : 'redis-server is not installed' }, async () => {
+    const redis = await new RedisServer().start();
+    try {
+      const dir = mkdtempSync(join(tmpdir(), 'mg-drain-'));
+      const gw = await createGateway(config(dir, 300, 20, { limiter: { store: 'redis', url: redis.url, timeoutMs: 1000 } }), { logger: quiet });
+      const url = await gw.listen(0, '127.0.0.1');
+      const calls = await Promise.all([stream(url, 200), stream(url, 200)]);
+      await gw.close();
+      assert.deepEqual(await Promise.all(calls.map((c) => c.ended)), ['cut', 'cut']);
+      assert.equal(await charges(dir), 2, 'both cut calls charged');
+    } finally {
+      await redis.stop();
+    }
+  });
+
+  test('an answer that ends during the drain reaches a slow reader whole (its connection closes after it, not before)', async () => {
+    const up = new FakeUpstream();
+    const base = await up.start();
+    const text = 'z'.repeat(8_000_000);
+    up.fallback = (_req, res) => setTimeout(() => json(res, 200, openaiCompletion(text)), 300);
+    const dir = mkdtempSync(join(tmpdir(), 'mg-drain-'));
+    const gw = await createGateway(config(dir, 10_000, 100, {
+      models: { big: { provider: 'up', price: { inputPerMillion: 1, outputPerMillion: 1 } } },
+      providers: { up: { protocol: 'openai', baseUrl: `${base}/v1`, timeoutMs: 5000 } },
+    }), { logger: quiet });
+    try {
+      const url = await gw.listen(0, '127.0.0.1');
+      const body = JSON.stringify({ model: 'big', messages: [{ role: 'user', content: 'x' }] });
+      const received = new Promise<number>((resolve, reject) => {
+        const req = request(`${url}/v1/chat/completions`, {
+          method: 'POST', agent: new Agent({ keepAlive: true }),
+          headers: { authorization: 'Bearer sk-d', 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
+        }, (res) => {
+          let n = 0;
+          res.pause(); // a slow reader: it starts reading a second after the answer began
+          setTimeout(() => res.resume(), 1000);
+          res.on('data', (d: Buffer) => { n += d.length; });
+          res.on('end', () => resolve(n));
+          res.on('error', reject);
+        });
+        req.on('error', reject);
+        req.end(body);
+      });
+      await new Promise((r) => setTimeout(r, 100)); // the call is upstream
+      await gw.close();
+      assert.ok((await received) > 8_000_000, 'the whole answer');
+    } finally {
+      await up.close();
+    }
   });
 
   test('a drain ends when the last stream does, not at its deadline', async () => {

@@ -34,7 +34,7 @@ describe('fault: a bug in handling an answer fails the call, not the process', (
   });
 
   /** Makes BilledCall's `method` throw on its next call only. */
-  function breakOnce(method: 'head' | 'end'): void {
+  function breakOnce(method: 'head' | 'end' | 'settle'): void {
     const proto = BilledCall.prototype as unknown as Record<string, unknown>;
     const original = proto[method];
     proto[method] = function broken() {
@@ -58,6 +58,12 @@ describe('fault: a bug in handling an answer fails the call, not the process', (
     assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'internal_error');
     await servesNext();
     assert.equal(entriesOf(gw, 'acct_b').length, charges + 2, 'the broken call and the next, once each');
+  });
+
+  test('charging the final event of a stream (found in review: the call then hung, its slot held): the answer is cut, the slot released', async () => {
+    breakOnce('settle');
+    await assert.rejects(async () => (await postJson(`${gw.url}/v1/chat/completions`, 'sk-b', chatBody('gpt', 'hi', { stream: true }))).text());
+    await servesNext();
   });
 
   for (const stream of [false, true]) {
