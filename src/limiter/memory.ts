@@ -63,7 +63,7 @@ class Sweeper<V> {
 
 const rateIdle = (s: RateState, now: number) => s.inFlight === 0 && (s.window === null || s.window.idle(now));
 const moneyIdle = (s: MoneyState, now: number) =>
-  s.reservedMicro === 0 && s.balanceMicro === 0 && (s.spentMicro === 0 || s.day !== Math.floor(now / DAY_MS));
+  s.reservedMicro === 0 && s.balanceMicro === 0 && (s.spentMicro === 0 || s.day < Math.floor(now / DAY_MS));
 
 /**
  * The in-process limiter: every decision synchronous and O(1), time from an injected clock.
@@ -217,7 +217,7 @@ export class MemoryLimiter implements Limiter {
     const today = Math.floor(now / DAY_MS);
     return {
       balanceMicro: account.prepaid ? (money?.balanceMicro ?? 0) : null,
-      spentTodayMicro: money !== undefined && money.day === today ? money.spentMicro : 0,
+      spentTodayMicro: money !== undefined && money.day >= today ? money.spentMicro : 0,
       reservedMicro: money?.reservedMicro ?? 0,
       inFlight: this.accounts.get(account.id)?.inFlight ?? 0,
       resetsAtMs: nextUtcMidnight(now),
@@ -261,10 +261,10 @@ export class MemoryLimiter implements Limiter {
       state = new MoneyState();
       state.day = day;
       this.money.set(accountId, state);
-    } else if (state.day !== day) {
+    } else if (state.day < day) {
       state.day = day; // expire on access: a new UTC day starts with no spend
       state.spentMicro = 0;
-    }
+    } // A clock stepped back across 00:00 keeps the later day and its spend (forgetting it would lift the cap).
     return state;
   }
 }

@@ -142,7 +142,7 @@ local back = expireLeases(KEYS[2], KEYS[3])
 if back > 0 then add(KEYS[1], 'resv', -back) end
 local m = redis.call('HMGET', KEYS[1], 'day', 'spent', 'bal', 'resv')
 local spent = 0
-if num(m[1]) == day then spent = num(m[2]) end
+if num(m[1]) >= day then spent = num(m[2]) end
 return {num(m[3]), spent, num(m[4]), redis.call('ZCARD', KEYS[2]), now}
 `;
 
@@ -162,11 +162,11 @@ if d == nil then return bad('day') end
 if spent == nil then return bad('spent') end
 if credited == nil then return bad('flag') end
 if redis.call('HGET', KEYS[1], 'src') == '1' then return 0 end
-if d ~= day then spent = 0 end
+if d < day then spent = 0 end
 local resv = 0
 for _, v in ipairs(redis.call('HVALS', KEYS[2])) do resv = resv + num(v) end
 if resv > SAFE then resv = SAFE end
-redis.call('HSET', KEYS[1], 'bal', string.format('%.0f', bal), 'day', day, 'spent', string.format('%.0f', spent),
+redis.call('HSET', KEYS[1], 'bal', string.format('%.0f', bal), 'day', math.max(d, day), 'spent', string.format('%.0f', spent),
   'resv', string.format('%.0f', resv), 'src', '1')
 if credited then redis.call('HSETNX', KEYS[1], 'credited', 'ledger') end
 for i = 3, #KEYS do redis.call('SET', KEYS[i], 1, 'NX', 'PX', 691200000) end
@@ -385,7 +385,7 @@ local function admit(kwt, kwn, ks, ik, haskey, hasidem, id, a_limits, a_est, a_f
 
   if est >= 0 then
     local spent = mget('spent')
-    if mget('day') ~= day then spent = 0 end
+    if mget('day') < day then spent = 0 end -- a later day (Redis's clock stepped back) keeps its spend
     local resv = mget('resv')
     if cap >= 0 and spent + resv >= cap then return {'daily_cap_exceeded', 0, (day + 1) * 86400000} end
     if prepaid and mget('bal') - resv <= 0 then return {'insufficient_balance', 0, 0} end
@@ -440,7 +440,7 @@ local function settle(id, a_cost, a_prepaid, a_est)
   if cost > 0 and nosrc() then return {'restore'} end
   giveBack(id, est)
   if cost > 0 then
-    if mget('day') ~= day then
+    if mget('day') < day then -- only forward: a clock stepped back across 00:00 must not forget the spend
       mset('day', day)
       mset('spent', 0)
     end

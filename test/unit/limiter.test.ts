@@ -201,6 +201,23 @@ describe('MemoryLimiter', () => {
     assert.equal(lim.snapshot(a).spentTodayMicro, 0);
   });
 
+  test('daily cap: a clock stepped back across 00:00 UTC keeps the later day and its spend (found in review: the spend was forgotten, twice)', () => {
+    const clock = new FakeClock(Date.UTC(2026, 0, 16, 0, 0, 10));
+    const lim = new MemoryLimiter(clock);
+    const a = account({ dailyCapMicro: 1000 });
+    const t = ticket(lim.admit(a, NO_KEY_LIMITS, null, 10));
+    lim.settle(t, 1000);
+    lim.release(t);
+    rejected(lim.admit(a, NO_KEY_LIMITS, null, 1), 'daily_cap_exceeded');
+    clock.advance(-20_000); // 23:59:50 the day before
+    rejected(lim.admit(a, NO_KEY_LIMITS, null, 1), 'daily_cap_exceeded');
+    assert.equal(lim.snapshot(a).spentTodayMicro, 1000);
+    clock.advance(20_000); // the same instant of the later day again
+    rejected(lim.admit(a, NO_KEY_LIMITS, null, 1), 'daily_cap_exceeded');
+    clock.advance(86_400_000); // the next day: a new cap
+    ticket(lim.admit(a, NO_KEY_LIMITS, null, 1));
+  });
+
   test('prepaid balance: admitted while balance minus reservations is above zero', () => {
     const lim = new MemoryLimiter(new FakeClock());
     const a = account({ prepaid: true });
