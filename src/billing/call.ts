@@ -274,7 +274,7 @@ export class BilledCall implements Exchange {
       return write(s.balanceAfterMicro);
     }, (err: unknown) => {
       gw.settling--;
-      gw.logger.error('settlement failed; recorded in the ledger only', { request_id: this.ctx.id, error: String(err) });
+      gw.logger.error('settlement not confirmed by the limiter; recorded in the ledger (a Redis limiter sends it again)', { request_id: this.ctx.id, error: String(err) });
       return write(null);
     });
   }

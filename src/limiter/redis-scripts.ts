@@ -193,7 +193,8 @@ return 1
  *        follow), 'ai' with an Idempotency-Key (KEYS i), 'aki' with both.
  *   's' id cost prepaid reserved   settle: the reservation becomes the charge; slot and key
  *        stay held. `reserved`: what the admission reserved (the gateway sends it back, so the
- *        script need not look it up).
+ *        script need not look it up). 'S': the same settlement sent again (its first answer was
+ *        lost): applied only if it was not already (see resettle).
  *   'r' id reserved       release: slot, idempotency key, and a reservation never settled
  *        (`reserved` 0 when its settlement answered: nothing left to give back);
  *        'rk' (KEYS ks), 'ri' (KEYS i), 'rki' (KEYS ks i) as for an admission
@@ -450,6 +451,22 @@ local function settle(id, a_cost, a_prepaid, a_est)
   return mget('bal')
 end
 
+-- A settlement sent again because its first answer was lost (or it was never sent): it must
+-- count once. While the ticket's lease is held (the instance renews it until the settlement is
+-- confirmed), a reservation gone from the hash means a settlement took it: nothing more to do.
+-- With the lease gone too (an outage longer than the lease), it cannot be told: it is charged.
+local function resettle(id, a_cost, a_prepaid, a_est)
+  if type(id) ~= 'string' or id == '' then return bad('id') end
+  if reserved[id] == nil and redis.call('HEXISTS', R, id) == 0 and redis.call('ZSCORE', S, id) then
+    if int(a_cost, 0, SAFE) == nil then return bad('cost') end
+    if flag(a_prepaid) == nil then return bad('flag') end
+    if int(a_est, 0, SAFE) == nil then return bad('est') end
+    if nosrc() then return {'restore'} end
+    return mget('bal')
+  end
+  return settle(id, a_cost, a_prepaid, a_est)
+end
+
 local function release(ks, ik, haskey, hasidem, id, a_est)
   local est = int(a_est, 0, SAFE)
   if type(id) ~= 'string' or id == '' then return bad('id') end
@@ -481,8 +498,8 @@ local function batch(KEYS, ARGV)${CLOCK}
     local kind = ARGV[a]
     local has = HAS[kind]
     local ok, res
-    if kind == 's' then
-      ok, res = pcall(settle, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+    if kind == 's' or kind == 'S' then
+      ok, res = pcall(kind == 's' and settle or resettle, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
       a = a + 5
     elseif has ~= nil and string.byte(kind, 1) == 97 then -- a
       local haskey, hasidem = has[1], has[2]

@@ -40,6 +40,14 @@ class RedisTicket implements Ticket {
   givenBack = false;
   /** When its release was first kept for a connection that was down (Date.now()), or 0. */
   unsentSince = 0;
+  /**
+   * A charge Redis has not confirmed yet (its settlement's answer is still out, was lost, or it
+   * could not be sent), or 0. Until it is confirmed the ticket stays live (its leases renewed) and
+   * its release waits: see settle.
+   */
+  owed = 0;
+  /** Its last settlement failed without an answer: sent again (as 'S') at the next chance. */
+  resend = false;
   constructor(
     readonly id: string,
     readonly accountId: string,
@@ -158,6 +166,7 @@ export class RedisLimiter implements Limiter {
     this.client.on('error', (err: Error) => this.warn('redis limiter store error', err));
     this.client.on('ready', () => {
       this.loadFunctions();
+      this.resendSettlements();
       const unsent = this.unsent;
       this.unsent = [];
       // Past its lease a holding has freed itself: nothing is left to send for it.
@@ -170,7 +179,9 @@ export class RedisLimiter implements Limiter {
       return new GatewayError('limiter_unavailable', { retryAfterS: 1 });
     }, (message) => {
       this.warn('redis limiter command failed', new Error(message));
-      return new GatewayError('limiter_unavailable', { retryAfterS: 1 });
+      const err = new GatewayError('limiter_unavailable', { retryAfterS: 1 });
+      REFUSED.add(err);
+      return err;
     }, () => {
       // A PING (one per turn, ~0.2 us in Redis) so that the client's write follows the flush in
       // this check phase: about 4 % more billable calls per second (5 s runs, alternated, 7 pairs).
@@ -213,7 +224,14 @@ export class RedisLimiter implements Limiter {
     return this.run(account, key, idempotencyKey, null, true, this.nextId()).then((reason) => reason ?? ADMITTED);
   }
 
-  /** Turns the reservation into the charge; the slot and idempotency key stay held until release. */
+  /**
+   * Turns the reservation into the charge; the slot and idempotency key stay held until release.
+   * A charge counts in Redis's money exactly once: when the settlement fails without Redis's
+   * answer (deadline, connection lost, Redis away), the promise rejects (the call is recorded in
+   * the ledger meanwhile) and the charge stays owed: a late answer confirms it, or it is sent
+   * again as 'S' (which applies it only if the first did not) when Redis is back and at each
+   * lease renewal, while the ticket keeps its leases and its release waits.
+   */
   settle(ticket: Ticket, costMicro: number): Promise<Settlement> {
     try {
       checkCost(costMicro);
@@ -223,12 +241,47 @@ export class RedisLimiter implements Limiter {
     const t = ticket as RedisTicket;
     if (t.settled || t.released) return Promise.resolve(NOTHING_SETTLED);
     t.settled = true;
-    const args = ['s', t.id, String(costMicro), t.prepaid ? '1' : '0', String(t.reservedMicro)];
-    return this.withMoney(t.accountId, () => this.queue(t.accountId, NO_KEYS, args))
-      .then((balance) => {
-        t.givenBack = true;
-        return { balanceAfterMicro: t.prepaid ? Number(balance) : null };
-      });
+    // A free call owes nothing: if its settlement is lost, the release gives the reservation back.
+    t.owed = costMicro;
+    return this.sendSettle(t, 's').then((balance) => ({ balanceAfterMicro: t.prepaid ? Number(balance) : null }));
+  }
+
+  private sendSettle(t: RedisTicket, kind: 's' | 'S'): Promise<unknown> {
+    t.resend = false;
+    const args = [kind, t.id, String(t.owed), t.prepaid ? '1' : '0', String(t.reservedMicro)];
+    // An answer that comes after the deadline failed the op: applied (a balance) or not (an error, 'restore').
+    const late = (reply: unknown) => {
+      if (typeof reply === 'number') this.settled(t, true);
+    };
+    const sent = this.withMoney(t.accountId, () => this.queue(t.accountId, NO_KEYS, args, late));
+    sent.then(() => this.settled(t, true), (err: unknown) => {
+      if (t.owed === 0) return;
+      if (REFUSED.has(err as Error)) {
+        // Redis refused its arguments: it would refuse them again.
+        this.logger?.error('redis refused a settlement; its charge is in the ledger only', { ticket: t.id, error: (err as Error).message });
+        return this.settled(t, false);
+      }
+      t.resend = true;
+    });
+    return sent;
+  }
+
+  /**
+   * Its charge is in Redis's money (`applied`, which gave the reservation back), or never will
+   * be: a release that waited for it goes now.
+   */
+  private settled(t: RedisTicket, applied: boolean): void {
+    if (applied) t.givenBack = true;
+    if (t.owed === 0) return;
+    t.owed = 0;
+    t.resend = false;
+    if (t.released) this.sendOrKeepRelease(t);
+  }
+
+  /** Sends again the settlements that failed without an answer (Redis back, or a lease renewal). */
+  private resendSettlements(): void {
+    if (!this.client.isReady) return;
+    for (const t of this.live) if (t.resend) this.sendSettle(t, 'S').catch(ignore);
   }
 
   /**
@@ -243,6 +296,11 @@ export class RedisLimiter implements Limiter {
     const t = ticket as RedisTicket;
     if (t.released) return;
     t.released = true;
+    // After its settlement: the release must not give back a reservation the charge took.
+    if (t.owed === 0) this.sendOrKeepRelease(t);
+  }
+
+  private sendOrKeepRelease(t: RedisTicket): void {
     this.live.delete(t);
     if (!this.client.isReady) return this.keepUnsent(t);
     this.sendRelease(t);
@@ -319,8 +377,12 @@ export class RedisLimiter implements Limiter {
 
   async close(): Promise<void> {
     clearInterval(this.renewTimer);
+    this.resendSettlements();
     this.batch.flushAll();
     await closeRedisClient(this.client, this.timeoutMs);
+    let owed = 0;
+    for (const t of this.live) if (t.owed > 0) owed++;
+    if (owed > 0) this.logger?.error('closed with charges redis never confirmed: they are in the ledger only', { settlements: owed });
   }
 
   private nextId(): string {
@@ -501,6 +563,7 @@ export class RedisLimiter implements Limiter {
   /** Extends every live ticket's leases (node-redis pipelines the calls made in one tick). */
   private renewAll(): void {
     if (!this.client.isReady) return;
+    this.resendSettlements();
     for (const t of this.live) {
       const a = this.tag(t.accountId);
       this.eval(SCRIPTS.renew, [`${a}:s`, `${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`],
@@ -510,6 +573,8 @@ export class RedisLimiter implements Limiter {
 }
 
 const NO_KEYS: readonly string[] = [];
+/** Errors of ops Redis refused (their arguments): sending them again would not help. */
+const REFUSED = new WeakSet<Error>();
 /** Releases kept for Redis's return, at most; beyond them, the leases free what they hold. */
 const MAX_UNSENT = 10_000;
 const ignore = (): void => {};
