@@ -35,7 +35,31 @@ interface Store {
 }
 
 const schemas: string[] = [];
-after(() => { for (const s of schemas) dropSchema(s); });
+/** Ledgers open now: a test that fails before it closes its own must not leave a pool that keeps the run alive. */
+const opened = new Set<Ledger>();
+after(async () => {
+  await Promise.all([...opened].map((l) => Promise.resolve(l.close()).catch(() => {})));
+  for (const s of schemas) dropSchema(s);
+});
+
+/** Opens a store's ledger, closed by the hook above if its test does not. */
+async function openTracked(store: Store): Promise<Ledger> {
+  return track(await store.open());
+}
+async function openPostgres(options: Parameters<typeof PostgresLedger.open>[0]): Promise<PostgresLedger> {
+  return track(await PostgresLedger.open(options));
+}
+function track<L extends Ledger>(ledger: L): L {
+  if (!opened.has(ledger)) {
+    opened.add(ledger);
+    const close = ledger.close.bind(ledger);
+    ledger.close = () => {
+      opened.delete(ledger);
+      return close();
+    };
+  }
+  return ledger;
+}
 
 function stores(): Store[] {
   const dir = mkdtempSync(join(tmpdir(), 'mg-conformance-'));
@@ -45,7 +69,7 @@ function stores(): Store[] {
   return [
     { kind: 'memory', skip: false, durable: false, open: async () => (memory ??= new MemoryLedger()) },
     { kind: 'file', skip: false, durable: true, open: () => FileLedger.open(dir, { maxSegmentBytes: 4000, logger: quiet }) },
-    { kind: 'postgres', skip: noPostgres, durable: true, open: () => PostgresLedger.open({ url: PG_URL, schema, logger: quiet }) },
+    { kind: 'postgres', skip: noPostgres, durable: true, open: () => openPostgres({ url: PG_URL, schema, logger: quiet }) },
   ];
 }
 
@@ -65,7 +89,7 @@ for (const store of stores()) {
     test('balances, the latest day\'s spend, usage by day/model/key and billing history agree with the book (and survive a reopen)', async () => {
       const r = rng(5);
       const book = new LedgerBook();
-      let ledger = await store.open();
+      let ledger = await openTracked(store);
       const history: string[] = [];
       const entries: LedgerEntry[] = [];
       for (let i = 0; i < 150; i++) {
@@ -101,7 +125,7 @@ for (const store of stores()) {
       await check(ledger, 'live');
       if (store.durable) {
         await ledger.close();
-        ledger = await store.open();
+        ledger = await openTracked(store);
         await check(ledger, 'reopened');
       }
       // New charges between pages shift nothing; bad cursors are refused; nobody's history is empty.
@@ -114,7 +138,7 @@ for (const store of stores()) {
     });
 
     test('an admin credit is found by its Idempotency-Key; entries keep every field', async () => {
-      const ledger = await store.open();
+      const ledger = await openTracked(store);
       const credit = entry('c', -7_000_000, {
         type: 'credit', model: null, keyId: null, deployment: null, balanceAfterMicro: 7_000_000, note: 'top-up', idempotencyKey: 'idem-1', requestId: 'req_admin',
         createdAt: Date.now(), // recent: given again to a shared limiter at start
@@ -129,7 +153,7 @@ for (const store of stores()) {
       assert.ok([...ledger.recentCredits()].some((e) => e.id === credit.id), 'a recent admin credit is among the recent credits');
       if (store.durable) {
         await ledger.close();
-        const reopened = await store.open();
+        const reopened = await openTracked(store);
         assert.ok([...reopened.recentCredits()].some((e) => e.id === credit.id), 'and still after a reopen');
         await reopened.close();
         return;
@@ -143,14 +167,14 @@ describe('postgres ledger', { skip: noPostgres }, () => {
   test('a write sent again (same entry id) is recorded once: balances and usage count it once', async () => {
     const schema = freshSchema();
     schemas.push(schema);
-    const ledger = await PostgresLedger.open({ url: PG_URL, schema, logger: quiet });
+    const ledger = await openPostgres({ url: PG_URL, schema, logger: quiet });
     const e = entry('dup', 300);
     await Promise.all([ledger.append(e), ledger.append(e)]); // in one statement
     await ledger.append(e); // and in another
     assert.equal(sql(`SELECT count(*) FROM "${schema}".entries`), '1');
     assert.equal(sql(`SELECT requests || ' ' || cost_micro FROM "${schema}".usage_daily`), '1 300');
     await ledger.close();
-    const again = await PostgresLedger.open({ url: PG_URL, schema, logger: quiet });
+    const again = await openPostgres({ url: PG_URL, schema, logger: quiet });
     assert.equal(again.totals().get('dup')!.spentMicro, 300);
     await again.close();
   });
@@ -159,7 +183,7 @@ describe('postgres ledger', { skip: noPostgres }, () => {
     const schema = freshSchema();
     schemas.push(schema);
     const logs: string[] = [];
-    const ledger = await PostgresLedger.open({ url: PG_URL, schema, logger: new Logger((t) => logs.push(t)) });
+    const ledger = await openPostgres({ url: PG_URL, schema, logger: new Logger((t) => logs.push(t)) });
     const good = [entry('p', 1), entry('p', 2)];
     const bad = entry('p', -5, { type: 'credit', model: null, keyId: null, deployment: null, note: 'nul\u0000', requestId: 'req_admin_x' });
     const results = await Promise.allSettled([ledger.append(good[0]!), ledger.append(bad), ledger.append(good[1]!)]);
@@ -174,10 +198,10 @@ describe('postgres ledger', { skip: noPostgres }, () => {
   test('instances starting at once create the schema once (advisory lock); a newer schema is refused', async () => {
     const schema = freshSchema();
     schemas.push(schema);
-    const ledgers = await Promise.all([1, 2, 3, 4].map(() => PostgresLedger.open({ url: PG_URL, schema, logger: quiet })));
+    const ledgers = await Promise.all([1, 2, 3, 4].map(() => openPostgres({ url: PG_URL, schema, logger: quiet })));
     assert.equal(sql(`SELECT string_agg(version::text, ',') FROM "${schema}".schema_version`), '1');
     await Promise.all(ledgers.map((l) => l.close()));
     sql(`INSERT INTO "${schema}".schema_version (version) VALUES (99)`);
-    await assert.rejects(PostgresLedger.open({ url: PG_URL, schema, logger: quiet }), /version 99, newer than this gateway knows/);
+    await assert.rejects(openPostgres({ url: PG_URL, schema, logger: quiet }), /version 99, newer than this gateway knows/);
   });
 });
