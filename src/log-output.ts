@@ -37,6 +37,8 @@ export class LogOutput {
   /** A flush gave up waiting on the write now under way: later flushes do not wait for it again. */
   private stuck = false;
   private scheduled = false;
+  /** A write failed after part of a line went out: the next write starts with a newline, so that line is not glued to the next. */
+  private torn = false;
   private waiting: (() => void)[] = [];
   private readonly batchBytes: number;
 
@@ -145,18 +147,28 @@ export class LogOutput {
       this.dropped += countLines(text, 0);
       return;
     }
+    const first = this.torn ? 1 : 0;
+    const out = first === 1 ? Buffer.concat([NEWLINE, text]) : text;
     let off = 0;
     const giveUp = Date.now() + 200;
-    while (off < text.length) {
+    while (off < out.length) {
       try {
-        off += writeSync(this.target, text, off);
+        off += writeSync(this.target, out, off);
       } catch (err) {
-        if ((err as NodeJS.ErrnoException).code !== 'EAGAIN' || Date.now() > giveUp) {
-          this.dropped += countLines(text, off);
-          return;
-        }
+        if ((err as NodeJS.ErrnoException).code !== 'EAGAIN' || Date.now() > giveUp) return this.lost(out, off, first);
       }
     }
+    this.torn = false;
+  }
+
+  /**
+   * A write of `buffer` (its own lines from `first`: after a newline that ends a line cut
+   * before) failed at `off`: the lines from there on are lost, counted; if it stopped inside a
+   * line, the output is left torn.
+   */
+  private lost(buffer: Buffer, off: number, first: number): void {
+    this.dropped += countLines(buffer, Math.max(off, first));
+    if (off > 0) this.torn = buffer[off - 1] !== 10;
   }
 
   private readonly sendLater = (): void => {
@@ -178,19 +190,24 @@ export class LogOutput {
       return this.settleIfIdle();
     }
     this.writing = true;
-    this.writeFrom(this.target, full, 0, length);
+    if (!this.torn) return this.writeFrom(this.target, full, 0, length, 0);
+    // The line a failed write cut first gets its end, on its own (a rare path: a copy is fine).
+    this.writeFrom(this.target, Buffer.concat([NEWLINE, full.subarray(0, length)]), 0, length + 1, 1);
   }
 
-  private writeFrom(fd: number, buffer: Buffer, off: number, end: number): void {
+  /** Writes buffer[off, end) (its own lines from `first`, see lost). */
+  private writeFrom(fd: number, buffer: Buffer, off: number, end: number, first: number): void {
     write(fd, buffer, off, end - off, null, (err, written) => {
       if (err !== null) {
         if (err.code === 'EAGAIN') {
-          setTimeout(() => this.writeFrom(fd, buffer, off, end), RETRY_MS).unref();
+          setTimeout(() => this.writeFrom(fd, buffer, off, end, first), RETRY_MS).unref();
           return;
         }
-        this.dropped += countLines(buffer.subarray(0, end), off); // a closed pipe, a full disk: lose the batch, not the process
+        this.lost(buffer.subarray(0, end), off, first); // a closed pipe, a full disk: lose the batch, not the process
       } else if (off + written < end) {
-        return this.writeFrom(fd, buffer, off + written, end);
+        return this.writeFrom(fd, buffer, off + written, end, first);
+      } else {
+        this.torn = false;
       }
       this.writing = false;
       this.stuck = false;
@@ -210,6 +227,8 @@ export class LogOutput {
     for (const resolve of waiting) resolve();
   }
 }
+
+const NEWLINE = Buffer.from('\n');
 
 /** Lines (newlines) in buffer from `off` on. */
 function countLines(buffer: Buffer, off: number): number {

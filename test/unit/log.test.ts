@@ -85,6 +85,53 @@ test('log output to a non-blocking pipe that fills (EAGAIN): the event loop goes
   }
 });
 
+test('log output: a write that fails after part of a line went out (the pipe\'s reader left) leaves that line on its own; the next lines are not glued to it (found in review)', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'mg-log-torn-'));
+  const fifo = join(dir, 'fifo');
+  execFileSync('mkfifo', [fifo]);
+  let reader = openSync(fifo, constants.O_RDONLY | constants.O_NONBLOCK);
+  const writer = openSync(fifo, constants.O_WRONLY | constants.O_NONBLOCK);
+  const chunk = Buffer.alloc(1 << 20);
+  const readAll = (fd: number) => {
+    let text = '';
+    for (;;) {
+      try {
+        const n = readSync(fd, chunk);
+        if (n === 0) return text;
+        text += chunk.toString('utf8', 0, n);
+      } catch {
+        return text; // EAGAIN: nothing more now
+      }
+    }
+  };
+  try {
+    const output = new LogOutput(writer, 400_000);
+    // 200 lines of 1,001 bytes: more than the pipe holds (64 KiB, which ends inside a line).
+    for (let i = 0; i < 200; i++) output.line(`{"n":${String(i).padStart(3, '0')},"pad":"${'x'.repeat(984)}"}`);
+    void output.flush(100);
+    await new Promise((r) => setTimeout(r, 30)); // part written, the rest waits on EAGAIN
+    // The reader takes what was written and leaves, in one turn: the next try fails (EPIPE).
+    const first = readAll(reader);
+    closeSync(reader);
+    assert.ok(first.length > 0 && !first.endsWith('\n'), 'the pipe took part of a line');
+    await new Promise((r) => setTimeout(r, 50));
+    const whole = first.split('\n').length - 1;
+    assert.equal(output.dropped, 200 - whole, 'the lines not written whole are counted as dropped');
+    // A reader again: the next line starts a line of its own.
+    reader = openSync(fifo, constants.O_RDONLY | constants.O_NONBLOCK);
+    output.line('{"n":"after"}');
+    await output.flush(1000);
+    const lines = (first + readAll(reader)).split('\n');
+    assert.equal(lines.at(-1), '', 'ends with a whole line');
+    assert.equal(lines.at(-2), '{"n":"after"}', 'the next line is whole, on its own');
+    assert.equal(lines.length, whole + 3, 'the cut line stands alone');
+  } finally {
+    closeSync(writer);
+    closeSync(reader);
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('log output to a file under a steady stream: the lines that come in while a batch is written wait for their own batch (its size or its 10 ms), not a write each', async () => {
   // Sent as soon as a write ended, they made a write (a thread-pool hand-off, ~30-70 µs of the
   // event loop on this VM) per few lines under load: ten times the writes of full batches.
