@@ -454,14 +454,17 @@ end
 -- A settlement sent again because its first answer was lost (or it was never sent): it must
 -- count once. While the ticket's lease is held (the instance renews it until the settlement is
 -- confirmed), a reservation gone from the hash means a settlement took it: nothing more to do.
--- With the lease gone too (an outage longer than the lease), it cannot be told: it is charged.
+-- With the lease gone too (a long outage, or Redis lost its data) it cannot be told: with a
+-- shared ledger, whose books Redis's money is rebuilt from after a loss and which holds the
+-- call, it is not charged again; without, it is charged. Nothing reserved: charged.
 local function resettle(id, a_cost, a_prepaid, a_est)
   if type(id) ~= 'string' or id == '' then return bad('id') end
-  if reserved[id] == nil and redis.call('HEXISTS', R, id) == 0 and redis.call('ZSCORE', S, id) then
-    if int(a_cost, 0, SAFE) == nil then return bad('cost') end
-    if flag(a_prepaid) == nil then return bad('flag') end
-    if int(a_est, 0, SAFE) == nil then return bad('est') end
-    if nosrc() then return {'restore'} end
+  local cost, prepaid, est = int(a_cost, 0, SAFE), flag(a_prepaid), int(a_est, 0, SAFE)
+  if cost == nil then return bad('cost') end
+  if prepaid == nil then return bad('flag') end
+  if est == nil then return bad('est') end
+  if nosrc() then return {'restore'} end
+  if est > 0 and reserved[id] == nil and redis.call('HEXISTS', R, id) == 0 and (needsrc or redis.call('ZSCORE', S, id)) then
     return mget('bal')
   end
   return settle(id, a_cost, a_prepaid, a_est)

@@ -48,6 +48,8 @@ class RedisTicket implements Ticket {
   owed = 0;
   /** Its last settlement failed without an answer: sent again (as 'S') at the next chance. */
   resend = false;
+  /** Its latest settlement, settled once its outcome is handled (close waits for it). */
+  attempt: Promise<void> | null = null;
   constructor(
     readonly id: string,
     readonly accountId: string,
@@ -254,7 +256,7 @@ export class RedisLimiter implements Limiter {
       if (typeof reply === 'number') this.settled(t, true);
     };
     const sent = this.withMoney(t.accountId, () => this.queue(t.accountId, NO_KEYS, args, late));
-    sent.then(() => this.settled(t, true), (err: unknown) => {
+    t.attempt = sent.then(() => this.settled(t, true), (err: unknown) => {
       if (t.owed === 0) return;
       if (REFUSED.has(err as Error)) {
         // Redis refused its arguments: it would refuse them again.
@@ -282,6 +284,18 @@ export class RedisLimiter implements Limiter {
   private resendSettlements(): void {
     if (!this.client.isReady) return;
     for (const t of this.live) if (t.resend) this.sendSettle(t, 'S').catch(ignore);
+  }
+
+  /** Settlements not confirmed yet, resent now: settled once each has its outcome, or after `ms`. */
+  private async settleOwed(ms: number): Promise<void> {
+    this.resendSettlements();
+    const attempts: Promise<void>[] = [];
+    for (const t of this.live) if (t.owed > 0 && t.attempt !== null) attempts.push(t.attempt);
+    if (attempts.length === 0) return;
+    this.batch.flushAll();
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([Promise.all(attempts), new Promise((r) => { timer = setTimeout(r, ms); })]);
+    clearTimeout(timer);
   }
 
   /**
@@ -377,7 +391,8 @@ export class RedisLimiter implements Limiter {
 
   async close(): Promise<void> {
     clearInterval(this.renewTimer);
-    this.resendSettlements();
+    // Charges still owed get their last chance, and the releases that waited for them go too.
+    await this.settleOwed(this.timeoutMs);
     this.batch.flushAll();
     await closeRedisClient(this.client, this.timeoutMs);
     let owed = 0;

@@ -1,7 +1,8 @@
 import assert from 'node:assert/strict';
 import { createServer, connect, type Server, type Socket } from 'node:net';
 import { after, before, describe, test } from 'node:test';
-import { RedisLimiter } from '../../src/limiter/redis.js';
+import { createClient } from 'redis';
+import { RedisLimiter, type LedgerMoney } from '../../src/limiter/redis.js';
 import type { AccountLimits, Ticket } from '../../src/limiter/types.js';
 import { until } from '../helpers/gateway.js';
 import { hasRedis, RedisServer } from '../helpers/redis-server.js';
@@ -80,10 +81,10 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
     }
   }
 
-  /** A call admitted with a reservation of 5,000 on an account holding 10,000. */
-  async function admitted(id: string): Promise<Ticket> {
+  /** A call admitted with a reservation of 5,000 (or `reserve`) on an account holding 10,000. */
+  async function admitted(id: string, reserve = 5_000): Promise<Ticket> {
     await limiter.credit(id, 10_000, `c-${id}`);
-    const t = await limiter.admit(account(id), key, null, 5_000);
+    const t = await limiter.admit(account(id), key, null, reserve);
     assert.ok(t.ok);
     return t;
   }
@@ -125,6 +126,13 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
     await chargedOnce('acct_late', t);
   });
 
+  test('nothing reserved (a model priced for cached input only): a settlement that never reached Redis is charged when sent again (found in review)', async () => {
+    const t = await admitted('acct_zero', 0);
+    cut = 'request';
+    await assert.rejects(limiter.settle(t, COST), /limiter/);
+    await chargedOnce('acct_zero', t);
+  });
+
   test('Redis away when the call settles and is released: both sent, in order, when it is back', async () => {
     const t = await admitted('acct_away');
     away = true;
@@ -137,5 +145,61 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
       away = false;
     }
     await chargedOnce('acct_away', t);
+  });
+
+  test('with a shared ledger, Redis losing its data under an owed settlement: rebuilt from the ledger, which holds the call, and not charged again (found in review)', async () => {
+    // The ledger's books: 10,000 credited; once the call is recorded, 700 spent today (its
+    // balance not taken: recorded without a balance after it).
+    let spent = 0;
+    const money = async (): Promise<LedgerMoney> => ({ balanceMicro: 10_000, day: Math.floor(Date.now() / 86_400_000), spentMicro: spent, credited: true, creditIds: [] });
+    const port = (relay.address() as { port: number }).port;
+    const shared = new RedisLimiter({ url: `redis://127.0.0.1:${port}`, prefix: 'lost-pg:', timeoutMs: 200, leaseMs: 1500, money });
+    const direct = createClient({ url: server.url });
+    await direct.connect();
+    try {
+      await shared.whenReady(3000);
+      const acct = account('acct_pg');
+      const t = await shared.admit(acct, key, null, 5_000);
+      assert.ok(t.ok);
+      away = true;
+      for (const s of open) s.destroy();
+      try {
+        await until(() => !shared.ready(), 3000, 'the limiter sees Redis away');
+        await assert.rejects(shared.settle(t, COST), /limiter/);
+        spent = COST; // the gateway records the call in the ledger meanwhile
+        await direct.flushAll(); // and Redis loses its data
+      } finally {
+        away = false;
+      }
+      shared.release(t);
+      await until(async () => {
+        try {
+          return (await shared.snapshot(acct)).inFlight === 0;
+        } catch {
+          return false;
+        }
+      }, 5000, 'the settlement sent again and the slot given back');
+      await new Promise((r) => setTimeout(r, 1100));
+      const s = await shared.snapshot(acct);
+      assert.equal(s.spentTodayMicro, COST, 'spent once: the ledger\'s');
+      assert.equal(s.reservedMicro, 0);
+    } finally {
+      await direct.quit();
+      await shared.close();
+    }
+  });
+
+  test('a settlement still out when the limiter closes: close waits for it, then sends the release that waited (found in review: the slot was left to its lease)', async () => {
+    const closing = new RedisLimiter({ url: server.url, prefix: 'lost:', timeoutMs: 1000, leaseMs: 60_000 });
+    await closing.whenReady(3000);
+    await closing.credit('acct_close', 10_000, 'c-close');
+    const t = await closing.admit(account('acct_close'), key, null, 5_000);
+    assert.ok(t.ok);
+    const settled = closing.settle(t, COST);
+    closing.release(t);
+    await closing.close();
+    await settled;
+    const s = await snapshot('acct_close');
+    assert.deepEqual([s.inFlight, s.spentTodayMicro, s.reservedMicro], [0, COST, 0]);
   });
 });
