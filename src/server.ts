@@ -3,6 +3,7 @@ import type { AddressInfo, Socket } from 'node:net';
 import { ERRORS, errorBody, type ErrorCode } from './errors.js';
 import type { Gateway } from './gateway.js';
 import { newRequestId } from './http/context.js';
+import { cutStalledReaders } from './http/slow-readers.js';
 
 /**
  * A node:http server around a gateway: timeouts and a connection bound from the config, and
@@ -24,6 +25,7 @@ export function createGatewayServer(gateway: Gateway): Server {
     requireHostHeader: false, // the gateway answers a missing Host itself (gateway.ts)
   }, gateway.handle);
   server.maxConnections = maxConnections;
+  cutStalledReaders(server, () => gateway.config.server.clientIdleTimeoutMs, gateway.logger);
   server.on('checkExpectation', gateway.expectationFailed);
   server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
     // An answer under way on this connection (a malformed request pipelined after it, or a

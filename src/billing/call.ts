@@ -1,11 +1,11 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
-import type { Socket } from 'node:net';
 import type { Clock } from '../clock.js';
 import type { RoutingConfig } from '../config/types.js';
 import type { ModelEntry } from '../directory.js';
 import { ERRORS, type ErrorCode, type ErrorDetails, type ErrorSpec } from '../errors.js';
 import type { RequestContext } from '../http/context.js';
 import { baseHeaders, sendErrorSpec } from '../http/reply.js';
+import { bytesTaken, watchedAnswers } from '../http/slow-readers.js';
 import type { LedgerEntry } from '../ledger/types.js';
 import type { Limiter, Ticket } from '../limiter/types.js';
 import type { Logger } from '../log.js';
@@ -287,6 +287,7 @@ export class BilledCall implements Exchange {
   private waitForClient(): void {
     // The list of the config this call started under: a reload may swap the gateway's list.
     const list = (this.clientList ??= this.gw.clientIdle);
+    watchedAnswers.add(this.res);
     this.taken = bytesTaken(this.res.socket);
     this.clientWatch ??= new Watch(() => {
       if (this.aborted || this.res.writableFinished) return;
@@ -324,19 +325,4 @@ export class BilledCall implements Exchange {
       this.gw.done(this.ctx);
     }
   };
-}
-
-/**
- * Bytes of a socket the kernel has taken so far: how a client's reading shows on this side.
- * A large write is one libuv request until it completes, so the writable length does not go
- * down while the client reads it; libuv's write-queue size does. Both numbers Node keeps are
- * internal (`_bytesDispatched`, `_handle.writeQueueSize`); without them, progress shows only
- * when a whole write completes.
- */
-function bytesTaken(socket: Socket | null): number {
-  if (socket === null) return 0;
-  const s = socket as Socket & { _bytesDispatched?: unknown; _handle?: { writeQueueSize?: unknown } | null };
-  const queued = s._handle?.writeQueueSize;
-  if (typeof s._bytesDispatched === 'number' && typeof queued === 'number') return s._bytesDispatched - queued;
-  return -socket.writableLength;
 }

@@ -210,3 +210,42 @@ describe('fault: hostile clients', () => {
     }
   });
 });
+
+describe('fault: a client that never reads answers that are not billed calls', () => {
+  let gw: Running;
+  before(async () => {
+    // 1,000 models: a list of about 100 KB.
+    const models = Object.fromEntries(Array.from({ length: 1000 }, (_, i) => [`model-${i}`, { provider: 'mock' }]));
+    gw = await startGateway(testConfig({
+      server: { host: '127.0.0.1', port: 0, requestTimeoutMs: 1500, headersTimeoutMs: 1000, clientIdleTimeoutMs: 500 },
+      plans: { p: { rpm: 100_000 } },
+      accounts: { acct_r: { plan: 'p' } },
+      keys: { key_r: { account: 'acct_r', key: 'sk-r' } },
+      models,
+      providers: { mock: { protocol: 'mock' } },
+    }));
+  });
+  after(() => gw.close());
+
+  test('100 model lists asked for at once (pipelined, whole requests) and never read: the connection is cut after twice clientIdleTimeoutMs (found in review: it was held for ever)', async () => {
+    const connections = () => new Promise<number>((resolve, reject) => gw.server.getConnections((err, n) => (err ? reject(err) : resolve(n))));
+    const idle = await connections();
+    const s = await open(gw.url);
+    s.pause(); // never reads
+    // About 10 MB of answers, more than the socket buffers hold; the requests are whole, so no
+    // request timeout applies to them.
+    s.write('GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-r\r\n\r\n'.repeat(100));
+    try {
+      await until(async () => (await connections()) === idle + 1, 2000, 'the connection open');
+      const start = performance.now();
+      await until(async () => (await connections()) === idle, 5000, 'the stalled connection cut');
+      assert.ok(performance.now() - start >= 900, 'not before its client was idle for twice clientIdleTimeoutMs (500 ms)');
+      await until(() => gw.logs.some((l) => l.includes('cut connections whose clients read nothing')), 2000, 'the cut logged');
+      const ok = await fetch(`${gw.url}/v1/models`, { headers: { authorization: 'Bearer sk-r' } });
+      assert.equal(ok.status, 200, 'others are served');
+      await ok.text();
+    } finally {
+      s.destroy();
+    }
+  });
+});
