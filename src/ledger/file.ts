@@ -477,10 +477,11 @@ export class FileLedger implements Ledger {
           addPosition(legacy, d.entry.accountId, offset, length);
           if (seq > this.legacyUpTo) this.legacyUpTo = seq;
         }
-      });
+      }, last);
       if (torn !== null) {
         if (!last) throw new LedgerCorruptError(segmentName(seq), size, torn);
         this.logger?.warn('ledger: cut off a torn last record (a crash during a write)', { file: segmentName(seq), offset: size, reason: torn });
+        this.logUnacknowledged(data, size, seq);
         truncateSync(path, size);
       }
       if (last) {
@@ -502,6 +503,26 @@ export class FileLedger implements Ledger {
     if (this.seq === 0) this.seq = Math.max(sealed, seqs.at(-1) ?? 0) + 1;
     this.handle = await this.fs.openAppend(join(this.dir, segmentName(this.seq)));
     if (this.seq !== open_.at(-1)) this.size = statSync(join(this.dir, segmentName(this.seq))).size;
+  }
+
+  /**
+   * The whole records a torn tail still holds after its damage (past a hole of zeros): written
+   * in the last batch, never acknowledged, and cut off with it. Each is logged, so that what a
+   * provider may have billed is not lost without a trace.
+   */
+  private logUnacknowledged(data: Buffer, from: number, seq: number): void {
+    for (let offset = data.indexOf(10, from) + 1; offset > 0 && offset < data.length;) {
+      const nl = data.indexOf(10, offset);
+      if (nl === -1) break;
+      const decoded = decodeRecord(data.toString('utf8', offset, nl));
+      if (decoded !== null) {
+        const e = decoded.entry;
+        this.logger?.warn('ledger: cut off an unacknowledged record after the damage', {
+          file: segmentName(seq), offset, entry_id: e.id, type: e.type, account_id: e.accountId, amount_micro: e.amountMicro, request_id: e.requestId,
+        });
+      }
+      offset = nl + 1;
+    }
   }
 }
 
@@ -546,10 +567,16 @@ function addPosition(index: SegmentIndex, accountId: string, offset: number, len
 /**
  * Reads the records of a segment's first `end` bytes, checking every one. Returns the size of
  * its valid prefix, and why the rest is invalid (null when all of it is valid). Damage is
- * tolerated only as a torn tail: an invalid record followed by nothing but its own bytes.
+ * tolerated only as a torn tail: an invalid record followed by nothing but its own bytes, or,
+ * with `holes` (the last segment, at start), one that holds zero bytes, whatever follows it.
+ * A record never holds a zero byte (JSON escapes it); a power loss during the last write can
+ * leave blocks of zeros inside it with later blocks of the same write on disk after them. That
+ * write was never acknowledged (each batch is synced before the next is written): the records
+ * after the hole belong to it.
  */
 function scanRecords(
   data: Buffer, end: number, name: string, each: (d: NonNullable<ReturnType<typeof decodeRecord>>, offset: number, length: number) => void,
+  holes = false,
 ): { size: number; torn: string | null } {
   let offset = 0;
   while (offset < end) {
@@ -558,6 +585,8 @@ function scanRecords(
     const decoded = decodeRecord(data.toString('utf8', offset, nl));
     if (decoded === null) {
       if (nl === end - 1) return { size: offset, torn: 'last record fails its checksum' };
+      const zero = data.indexOf(0, offset);
+      if (holes && zero !== -1 && zero < nl) return { size: offset, torn: 'zero bytes in a record (power lost during the last write)' };
       throw new LedgerCorruptError(name, offset, 'record fails its checksum');
     }
     each(decoded, offset, nl + 1 - offset);

@@ -250,6 +250,41 @@ describe('file ledger', () => {
     });
   });
 
+  test('a power loss during the last write: a hole of zeros inside it, later records of the same write after it: the ledger opens, cuts them off and logs each (found in review: it refused to start)', async () => {
+    const dir = tmp();
+    const ledger = await FileLedger.open(dir, { logger: quiet });
+    for (let i = 0; i < 5; i++) await ledger.append(charge('a', 1));
+    await ledger.close();
+    const segment = join(dir, readdirSync(dir).find((f) => f.endsWith('.log'))!);
+    const goodSize = statSync(segment).size;
+    // The last batch, three records, with the middle of its first block never written.
+    const batch = Buffer.from([charge('a', 10), charge('a', 20), charge('a', 30)].map((e) => encodeRecord(e)).join(''));
+    batch.fill(0, 8, 40);
+    appendFileSync(segment, batch);
+    const warnings: string[] = [];
+    const reopened = await FileLedger.open(dir, { logger: new Logger((t) => warnings.push(t)) });
+    reopened['logger']?.flush();
+    const text = warnings.join('');
+    assert.match(text, /zero bytes in a record/);
+    assert.equal(text.match(/cut off an unacknowledged record/g)?.length, 2, 'the two whole records after the hole, each logged');
+    assert.match(text, /"amount_micro":-30/);
+    assert.equal(statSync(segment).size, goodSize);
+    assert.equal(reopened.totals().get('a')!.spentMicro, 5);
+    await reopened.append(charge('a', 1));
+    await reopened.close();
+    // Zeros in a sealed segment are damage like any other: refused.
+    const sealedDir = tmp();
+    const sealed = await FileLedger.open(sealedDir, { maxSegmentBytes: 600, logger: quiet });
+    for (let i = 0; i < 12; i++) await sealed.append(charge('a', 1));
+    await sealed.close();
+    const first = join(sealedDir, readdirSync(sealedDir).filter((f) => f.endsWith('.log')).sort()[0]!);
+    const bytes = readFileSync(first);
+    bytes.fill(0, 8, 40);
+    writeFileSync(first, bytes);
+    rmSync(join(sealedDir, 'snapshot.json')); // replayed from the journal
+    await assert.rejects(FileLedger.open(sealedDir, { maxSegmentBytes: 600, logger: quiet }), LedgerCorruptError);
+  });
+
   test('a crash between sealing steps is finished on the next start', async () => {
     const dir = tmp();
     const ledger = await FileLedger.open(dir, { maxSegmentBytes: 600, logger: quiet });
