@@ -139,7 +139,7 @@ export class LogOutput {
    * non-blocking descriptor that stays full is given up on after a short while, the same way.
    */
   flushSync(): void {
-    if (this.used === 0) return;
+    if (this.used === 0 && !this.torn) return;
     const text = this.filling.subarray(0, this.used);
     this.used = 0;
     if (typeof this.target === 'function') return this.target(text.toString('utf8'));

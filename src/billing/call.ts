@@ -302,7 +302,10 @@ export class BilledCall implements Exchange {
   }
 
   private clientRead(): void {
-    if (this.clientWatch !== null) this.clientList!.remove(this.clientWatch);
+    if (this.clientWatch !== null) {
+      this.clientList!.remove(this.clientWatch);
+      watchedAnswers.delete(this.res); // unwatched again: the server's sweep covers it
+    }
   }
 
   /** The response is over: finished, or the client went away first. */

@@ -57,26 +57,29 @@ export function cutStalledReaders(server: Server, idleMs: () => number, logger: 
   let timer: NodeJS.Timeout | null = null;
   const sweep = () => {
     const ms = idleMs();
-    const now = Date.now();
-    let cut = 0;
-    for (const socket of sockets) {
-      const answer = (socket as Socket & { _httpMessage?: object | null })._httpMessage;
-      if (!backedUp(socket) || (answer != null && watchedAnswers.has(answer))) {
-        stalls.delete(socket);
-        continue;
+    try {
+      const now = Date.now();
+      let cut = 0;
+      for (const socket of sockets) {
+        const answer = (socket as Socket & { _httpMessage?: object | null })._httpMessage;
+        if (!backedUp(socket) || (answer != null && watchedAnswers.has(answer))) {
+          stalls.delete(socket);
+          continue;
+        }
+        const taken = bytesTaken(socket);
+        const stall = stalls.get(socket);
+        if (stall === undefined || stall.taken !== taken) stalls.set(socket, { taken, since: now });
+        else if (now - stall.since >= 2 * ms) {
+          stalls.delete(socket);
+          socket.destroy();
+          cut++;
+        }
       }
-      const taken = bytesTaken(socket);
-      const stall = stalls.get(socket);
-      if (stall === undefined || stall.taken !== taken) stalls.set(socket, { taken, since: now });
-      else if (now - stall.since >= 2 * ms) {
-        stalls.delete(socket);
-        socket.destroy();
-        cut++;
-      }
+      if (cut > 0) logger.warn('cut connections whose clients read nothing', { connections: cut, idle_ms: 2 * ms });
+    } finally {
+      timer = setTimeout(sweep, Math.max(100, Math.min(30_000, Math.floor(ms / 4))));
+      timer.unref();
     }
-    if (cut > 0) logger.warn('cut connections whose clients read nothing', { connections: cut, idle_ms: 2 * ms });
-    timer = setTimeout(sweep, Math.max(100, Math.min(30_000, Math.floor(ms / 4))));
-    timer.unref();
   };
   server.once('listening', sweep);
   server.once('close', () => {

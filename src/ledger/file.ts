@@ -568,7 +568,8 @@ function addPosition(index: SegmentIndex, accountId: string, offset: number, len
  * Reads the records of a segment's first `end` bytes, checking every one. Returns the size of
  * its valid prefix, and why the rest is invalid (null when all of it is valid). Damage is
  * tolerated only as a torn tail: an invalid record followed by nothing but its own bytes, or,
- * with `holes` (the last segment, at start), one that holds zero bytes, whatever follows it.
+ * with `holes` (the last segment, at start), one that holds zero bytes from a block boundary
+ * on, whatever follows it.
  * A record never holds a zero byte (JSON escapes it); a power loss during the last write can
  * leave blocks of zeros inside it with later blocks of the same write on disk after them. That
  * write was never acknowledged (each batch is synced before the next is written): the records
@@ -585,8 +586,9 @@ function scanRecords(
     const decoded = decodeRecord(data.toString('utf8', offset, nl));
     if (decoded === null) {
       if (nl === end - 1) return { size: offset, torn: 'last record fails its checksum' };
+      // A hole the disk left starts on a block boundary (sectors are 512 bytes at least).
       const zero = data.indexOf(0, offset);
-      if (holes && zero !== -1 && zero < nl) return { size: offset, torn: 'zero bytes in a record (power lost during the last write)' };
+      if (holes && zero !== -1 && zero < nl && zero % 512 === 0) return { size: offset, torn: 'zero bytes in a record (power lost during the last write)' };
       throw new LedgerCorruptError(name, offset, 'record fails its checksum');
     }
     each(decoded, offset, nl + 1 - offset);

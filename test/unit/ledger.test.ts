@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { appendFileSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, truncateSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
@@ -257,19 +257,31 @@ describe('file ledger', () => {
     await ledger.close();
     const segment = join(dir, readdirSync(dir).find((f) => f.endsWith('.log'))!);
     const goodSize = statSync(segment).size;
-    // The last batch, three records, with the middle of its first block never written.
-    const batch = Buffer.from([charge('a', 10), charge('a', 20), charge('a', 30)].map((e) => encodeRecord(e)).join(''));
-    batch.fill(0, 8, 40);
-    appendFileSync(segment, batch);
+    // The last batch, six records, with a disk block never written: zeros from the block's start
+    // (the file's next 512-byte boundary) to the end of the record it falls in.
+    const records = [10, 20, 30, 40, 50, 60].map((n) => encodeRecord(charge('a', n)));
+    const batch = Buffer.from(records.join(''));
+    const hole = Math.ceil(goodSize / 512) * 512 - goodSize;
+    let k = 0;
+    let end = Buffer.byteLength(records[0]!);
+    while (end <= hole) end += Buffer.byteLength(records[++k]!);
+    assert.ok(k < 5 && hole < end - 1, 'the block boundary falls inside a record with records after it');
+    // Zeros that do not start on a block boundary are damage, not a hole: refused.
+    appendFileSync(segment, Buffer.from(batch).fill(0, hole + 1, end - 1));
+    await assert.rejects(FileLedger.open(dir, { logger: quiet }), LedgerCorruptError);
+    truncateSync(segment, goodSize);
+    appendFileSync(segment, batch.fill(0, hole, end - 1));
     const warnings: string[] = [];
     const reopened = await FileLedger.open(dir, { logger: new Logger((t) => warnings.push(t)) });
     reopened['logger']?.flush();
     const text = warnings.join('');
     assert.match(text, /zero bytes in a record/);
-    assert.equal(text.match(/cut off an unacknowledged record/g)?.length, 2, 'the two whole records after the hole, each logged');
-    assert.match(text, /"amount_micro":-30/);
-    assert.equal(statSync(segment).size, goodSize);
-    assert.equal(reopened.totals().get('a')!.spentMicro, 5);
+    assert.equal(text.match(/cut off an unacknowledged record/g)?.length, 5 - k, 'the whole records after the hole, each logged');
+    assert.match(text, /"amount_micro":-60/);
+    // The records of the batch before the hole were whole: kept, like any torn tail's prefix.
+    const kept = records.slice(0, k);
+    assert.equal(statSync(segment).size, goodSize + Buffer.byteLength(kept.join('')));
+    assert.equal(reopened.totals().get('a')!.spentMicro, 5 + [10, 20, 30, 40, 50].slice(0, k).reduce((x, y) => x + y, 0));
     await reopened.append(charge('a', 1));
     await reopened.close();
     // Zeros in a sealed segment are damage like any other: refused.
@@ -279,7 +291,7 @@ describe('file ledger', () => {
     await sealed.close();
     const first = join(sealedDir, readdirSync(sealedDir).filter((f) => f.endsWith('.log')).sort()[0]!);
     const bytes = readFileSync(first);
-    bytes.fill(0, 8, 40);
+    bytes.fill(0, 512, 560); // on a block boundary, as a hole would be
     writeFileSync(first, bytes);
     rmSync(join(sealedDir, 'snapshot.json')); // replayed from the journal
     await assert.rejects(FileLedger.open(sealedDir, { maxSegmentBytes: 600, logger: quiet }), LedgerCorruptError);
