@@ -202,10 +202,12 @@ export class Gateway implements RouteHost {
   readonly handle = (req: IncomingMessage, res: ServerResponse): void => {
     const ctx = new RequestContext(req, performance.now());
     if (this.draining) ctx.closeConnection = true;
-    if (!ctx.hasHost && req.httpVersionMinor === 1 && req.httpVersionMajor === 1) {
-      // Node would answer this itself, bare (no envelope, no request id); the server lets it through.
+    if (ctx.hosts !== 1 && (ctx.hosts > 1 || (req.httpVersionMinor === 1 && req.httpVersionMajor === 1))) {
+      // Node would answer a missing Host itself, bare (no envelope, no request id); the server
+      // lets it through. Two are refused too (RFC 9112 § 3.2: they could name two hosts).
       ctx.closeConnection = true;
-      return sendError(ctx, res, 'invalid_request', this.done, { message: 'An HTTP/1.1 request needs a Host header.' });
+      const message = ctx.hosts === 0 ? 'An HTTP/1.1 request needs a Host header.' : 'A request may have only one Host header.';
+      return sendError(ctx, res, 'invalid_request', this.done, { message });
     }
     const route = this.router.find(ctx);
     if (route === undefined) return sendError(ctx, res, 'not_found', this.done);

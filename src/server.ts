@@ -36,13 +36,15 @@ export function createGatewayServer(gateway: Gateway): Server {
       socket.destroy();
       return;
     }
-    const code: ErrorCode = err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 'request_timeout' : 'invalid_request';
+    // As Node itself would answer: 408, 431 for headers over its limit (16 KB), else 400.
+    const code: ErrorCode = err.code === 'ERR_HTTP_REQUEST_TIMEOUT' ? 'request_timeout'
+      : err.code === 'HPE_HEADER_OVERFLOW' ? 'headers_too_large' : 'invalid_request';
     const spec = ERRORS[code];
     const id = newRequestId();
-    const body = errorBody(code, spec, id, { message: code === 'request_timeout' ? spec.message : 'Malformed HTTP request.' });
+    const body = errorBody(code, spec, id, { message: code === 'invalid_request' ? 'Malformed HTTP request.' : spec.message });
     const retry = spec.retry === null ? '' : `x-should-retry: ${spec.retry}\r\n`;
     socket.end(
-      `HTTP/1.1 ${spec.status} ${code === 'request_timeout' ? 'Request Timeout' : 'Bad Request'}\r\n` +
+      `HTTP/1.1 ${spec.status} ${STATUS_TEXT[code as keyof typeof STATUS_TEXT] ?? 'Bad Request'}\r\n` +
       `content-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nx-request-id: ${id}\r\n${retry}` +
       `connection: close\r\n\r\n${body}`,
     );
@@ -67,3 +69,5 @@ export function listen(server: Server, port: number, host: string): Promise<stri
     });
   });
 }
+
+const STATUS_TEXT = { request_timeout: 'Request Timeout', headers_too_large: 'Request Header Fields Too Large' } as const;

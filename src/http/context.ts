@@ -40,13 +40,15 @@ export class RequestContext {
   dropped: string | null = null;
   /** The matched route's pattern, for metrics. */
   route = 'unmatched';
-  /** Whether the request has a Host header (HTTP/1.1 requires one). */
-  readonly hasHost: boolean;
+  /** How many Host headers the request has (HTTP/1.1 requires exactly one). */
+  readonly hosts: number;
 
   constructor(req: IncomingMessage, startMs: number) {
     this.startMs = startMs;
     this.method = req.method ?? 'GET';
-    const url = req.url ?? '/';
+    let url = req.url ?? '/';
+    // The absolute form (`GET http://host/v1/models`, which proxies send), read as its path.
+    if (url.charCodeAt(0) !== 47 /* / */) url = pathOfAbsolute(url);
     const q = url.indexOf('?');
     this.path = q === -1 ? url : url.slice(0, q);
     this.query = q === -1 ? '' : url.slice(q + 1);
@@ -56,7 +58,7 @@ export class RequestContext {
     let authorization: string | undefined;
     let idempotencyKey: string | undefined;
     let conflict = false;
-    let hasHost = false;
+    let hosts = 0;
     const raw = req.rawHeaders;
     // Hot path: compare lengths first so most header names are skipped, then the usual
     // spellings, so a name is lowercased only when it is written unusually.
@@ -64,7 +66,7 @@ export class RequestContext {
       const name = raw[i]!;
       switch (name.length) {
         case 4:
-          if (name === 'host' || name === 'Host' || name.toLowerCase() === 'host') hasHost = true;
+          if (name === 'host' || name === 'Host' || name.toLowerCase() === 'host') hosts++;
           break;
         case 9:
           if (name === 'x-api-key' || name === 'X-Api-Key' || name.toLowerCase() === 'x-api-key') {
@@ -86,7 +88,7 @@ export class RequestContext {
           break;
       }
     }
-    this.hasHost = hasHost;
+    this.hosts = hosts;
     this.id = requestId !== undefined && REQUEST_ID.test(requestId) ? requestId : newRequestId();
     this.idempotencyKey = idempotencyKey;
     this.apiKey = conflict ? null : pickKey(apiKeyHeader, authorization);
@@ -113,4 +115,12 @@ export function validIdempotencyKey(value: string): boolean {
     if (c < 0x21 || c > 0x7e) return false;
   }
   return true;
+}
+
+/** The path and query of an absolute-form request target (`http://host:port/path?q`); others unchanged. */
+function pathOfAbsolute(url: string): string {
+  const scheme = /^https?:\/\/[^/?#]*/i.exec(url);
+  if (scheme === null) return url;
+  const rest = url.slice(scheme[0].length);
+  return rest === '' || rest.charCodeAt(0) !== 47 ? `/${rest}` : rest;
 }

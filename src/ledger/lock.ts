@@ -1,4 +1,4 @@
-import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, statSync, unlinkSync, utimesSync, writeSync } from 'node:fs';
+import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, statSync, unlinkSync, utimes, writeSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 
@@ -33,14 +33,20 @@ export class DirLock {
   private readonly path: string;
   private readonly timer: NodeJS.Timeout;
   private released = false;
+  /** A heartbeat still under way: a frozen filesystem (a hung network mount) holds it. */
+  private beating = false;
 
   private constructor(readonly dir: string, private readonly token: string, heartbeatMs: number) {
     this.path = join(dir, LOCK_FILE);
+    // In the thread pool, one at a time: on a frozen filesystem a synchronous call froze the
+    // whole gateway (probes and model lists too), and piled-up calls would fill the pool.
     this.timer = setInterval(() => {
+      if (this.beating) return;
+      this.beating = true;
       const now = new Date();
-      try {
-        utimesSync(this.path, now, now);
-      } catch { /* gone: nothing to refresh; release() ignores it too */ }
+      utimes(this.path, now, now, () => { // gone: nothing to refresh; release() ignores it too
+        this.beating = false;
+      });
     }, heartbeatMs);
     this.timer.unref();
   }
