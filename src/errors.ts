@@ -51,7 +51,7 @@ export const ERRORS = {
     status: 408, type: 'invalid_request_error', retry: null, message: 'The request was not received in time.',
   },
   payload_too_large: { status: 413, type: 'request_too_large', retry: false, message: 'The request body is too large.' },
-  headers_too_large: { status: 431, type: 'invalid_request_error', retry: false, message: 'The request headers are too large.' },
+  headers_too_large: { status: 431, type: 'invalid_request_error', retry: null, message: 'The request headers are too large.' },
   rate_limit_exceeded: {
     status: 429, type: 'rate_limit_error', retry: true, message: 'Request rate limit reached; retry after the stated delay.',
   },

@@ -124,7 +124,7 @@ export class LedgerBook {
     return groupUsage(rows, groupBy);
   }
 
-  /** A plain-JSON copy (for snapshots). */
+  /** A plain-JSON copy, as snapshots before version 3 held it (saveLines replaced it; load reads it). */
   save(): unknown {
     return {
       totals: [...this.totals],
@@ -136,12 +136,68 @@ export class LedgerBook {
   static load(saved: unknown): LedgerBook {
     const book = new LedgerBook();
     const s = saved as { totals: Array<[string, AccountTotals]>; cells: Array<[string, Array<[string, Cell]>]>; credits?: LedgerEntry[] };
-    // Snapshots written before `credited` existed counted every account with entries as credited.
-    for (const [account, totals] of s.totals) book.totals.set(account, { ...totals, credited: totals.credited ?? true });
-    for (const credit of s.credits ?? []) book.adminCredits.set(creditSlot(credit), credit);
-    for (const [account, cells] of s.cells) book.cells.set(account, new Map(cells.map(([k, c]) => [k, { ...c }])));
+    book.loadTotals(s.totals);
+    book.loadCredits(s.credits ?? []);
+    for (const [account, cells] of s.cells) book.loadCells(account, cells);
     return book;
   }
+
+  /**
+   * The book as lines of JSON (snapshots), each a group of at most LINE_ITEMS: `["t", totals]`,
+   * `["c", account, cells]`, `["r", credits]`. No line, and no string, grows with the whole
+   * book: one JSON text of it could not be written past some 5 million cells (V8's longest
+   * string), nor read back.
+   */
+  *saveLines(): Generator<string> {
+    yield* lines(this.totals, (group) => ['t', group]);
+    for (const [account, cells] of this.cells) yield* lines(cells, (group) => ['c', account, group]);
+    yield* lines(this.adminCredits.values(), (group) => ['r', group]);
+  }
+
+  /** Takes one line of saveLines (parsed); false if it is not one. */
+  loadLine(line: unknown): boolean {
+    if (!Array.isArray(line)) return false;
+    const [tag, a, b] = line as [unknown, unknown, unknown];
+    if (tag === 't' && Array.isArray(a)) this.loadTotals(a as Array<[string, AccountTotals]>);
+    else if (tag === 'c' && typeof a === 'string' && Array.isArray(b)) this.loadCells(a, b as Array<[string, Cell]>);
+    else if (tag === 'r' && Array.isArray(a)) this.loadCredits(a as LedgerEntry[]);
+    else return false;
+    return true;
+  }
+
+  private loadTotals(totals: Array<[string, AccountTotals]>): void {
+    // Snapshots written before `credited` existed counted every account with entries as credited.
+    for (const [account, t] of totals) this.totals.set(account, { ...t, credited: t.credited ?? true });
+  }
+
+  private loadCredits(credits: LedgerEntry[]): void {
+    for (const credit of credits) this.adminCredits.set(creditSlot(credit), credit);
+  }
+
+  private loadCells(account: string, cells: Array<[string, Cell]>): void {
+    let map = this.cells.get(account);
+    if (map === undefined) {
+      map = new Map();
+      this.cells.set(account, map);
+    }
+    for (const [k, c] of cells) map.set(k, { ...c });
+  }
+}
+
+/** Items per snapshot line: lines of some 100 KB at most. */
+const LINE_ITEMS = 1000;
+
+/** `items` as lines of JSON, LINE_ITEMS of them a line, each line `wrap(group)`. */
+export function* lines<T>(items: Iterable<T>, wrap: (group: T[]) => unknown[]): Generator<string> {
+  let group: T[] = [];
+  for (const item of items) {
+    group.push(item);
+    if (group.length === LINE_ITEMS) {
+      yield `${JSON.stringify(wrap(group))}\n`;
+      group = [];
+    }
+  }
+  if (group.length > 0) yield `${JSON.stringify(wrap(group))}\n`;
 }
 
 /** One account's usage of one day, model and key ('' for none). */

@@ -18,8 +18,8 @@ export interface JournalHandle {
 export interface JournalFs {
   /** Opens (creating) a file for appending. */
   openAppend(path: string): Promise<JournalHandle>;
-  /** Writes a file atomically: a temporary file, fsync, rename, fsync of its folder. */
-  writeAtomic(path: string, text: string): Promise<void>;
+  /** Writes a file atomically, text or chunks of it: a temporary file, fsync, rename, fsync of its folder. */
+  writeAtomic(path: string, text: string | Iterable<string>): Promise<void>;
   /** Does the disk take writes again? A small file written, fsynced and removed in `dir`. */
   probe(dir: string): Promise<void>;
 }
@@ -38,7 +38,16 @@ export const nodeJournalFs: JournalFs = {
 
   async writeAtomic(path, text) {
     const tmp = `${path}.tmp`;
-    await writeFile(tmp, text);
+    if (typeof text === 'string') await writeFile(tmp, text);
+    else {
+      // A chunk at a time: the event loop runs between them.
+      const handle = await open(tmp, 'w');
+      try {
+        for (const chunk of text) await handle.writeFile(chunk);
+      } finally {
+        await handle.close();
+      }
+    }
     await syncFile(tmp);
     await rename(tmp, path);
     await syncFile(dirname(path)); // the rename itself is durable only once the folder is

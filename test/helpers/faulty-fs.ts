@@ -40,7 +40,7 @@ export class FaultyFs implements JournalFs {
     };
   };
 
-  writeAtomic = async (path: string, text: string): Promise<void> => {
+  writeAtomic = async (path: string, text: string | Iterable<string>): Promise<void> => {
     if (this.full || this.failAtomic) throw enospc();
     return nodeJournalFs.writeAtomic(path, text);
   };

@@ -220,6 +220,31 @@ describe('file ledger', () => {
     await third.close();
   });
 
+  test('a large book is snapshotted in lines of bounded size, read back whole (found in review: one JSON text of it could not be written past some 5 million cells, and stalled the event loop while it was built)', async () => {
+    const dir = tmp();
+    const ledger = await FileLedger.open(dir, { maxSegmentBytes: 200_000, logger: quiet });
+    // 6,000 usage cells (3 accounts x 2,000 days), written in one burst, then a seal.
+    await Promise.all(Array.from({ length: 6000 }, (_, i) => ledger.append(charge(['a', 'b', 'c'][i % 3]!, 1 + (i % 7), T0 + Math.floor(i / 3) * DAY_MS))));
+    for (let i = 0; i < 3; i++) await ledger.append(charge('a', 1, T0));
+    await ledger.close();
+    const text = readFileSync(join(dir, 'snapshot.json'), 'utf8');
+    const lines = text.trimEnd().split('\n');
+    assert.equal((JSON.parse(lines[0]!) as { version: number }).version, 3);
+    assert.ok(lines.length > 6, `${lines.length} lines`);
+    for (const line of lines) assert.ok(line.length < 200_000, `a line of ${line.length} characters`);
+    const first = await FileLedger.open(dir, { maxSegmentBytes: 200_000, logger: quiet });
+    const d0 = Math.floor(T0 / DAY_MS);
+    const usage = first.usage('b', d0, d0 + 3000, 'day');
+    await first.close();
+    // The same books replayed from the journal alone.
+    rmSync(join(dir, 'snapshot.json'));
+    const replayed = await FileLedger.open(dir, { maxSegmentBytes: 200_000, logger: quiet });
+    assert.equal(usage.length, 2000);
+    assert.deepEqual(usage, replayed.usage('b', d0, d0 + 3000, 'day'));
+    assert.deepEqual(first.totals(), replayed.totals());
+    await replayed.close();
+  });
+
   test('a torn last record is cut off with a warning; damage elsewhere stops the start naming file and offset', async () => {
     const dir = tmp();
     const ledger = await FileLedger.open(dir, { logger: quiet });
