@@ -321,9 +321,11 @@ let t = performance.now();
 const lap = () => { const now = performance.now(); const d = now - t; t = now; return d; };
 const text = readFileSync(${JSON.stringify(join(dir, 'snapshot.json'))}, 'utf8');
 const readSnapshotMs = lap();
-const snapshot = JSON.parse(text);
+// Version 3: a header line, then the book's lines, positions ('l') and an end line.
+const lines = text.split('\\n').filter((l) => l !== '').map((l) => JSON.parse(l));
 const parseSnapshotMs = lap();
-const book = LedgerBook.load(snapshot.book);
+const book = new LedgerBook();
+for (const line of lines.slice(1)) if (line[0] !== 'l' && line[0] !== 'end') book.loadLine(line);
 const loadBookMs = lap();
 const data = readFileSync(${JSON.stringify(join(dir, openSegment))});
 const readSegmentMs = lap();

@@ -19,7 +19,7 @@ import { Watchlist } from './providers/watchlist.js';
 import { Router } from './router.js';
 import { MemoryCooldowns, type Cooldowns } from './routing/cooldowns.js';
 import { Credits } from './admin/credits.js';
-import { creditEntry } from './billing/entries.js';
+import { creditEntry, creditMarker } from './billing/entries.js';
 import { AdminConflict, AdminStore, cloneAdminState, overlay, type AdminState } from './admin/state.js';
 import { registerAccountRoutes } from './routes/account.js';
 import { registerAdminRoutes } from './routes/admin.js';
@@ -338,8 +338,15 @@ export class Gateway implements RouteHost {
   /** A restart must not reset anyone's daily cap or balance: seed the limiter from the ledger. */
   private restoreFromLedger(): void {
     if (!this.limiter.restoresFromLedger) return;
+    // The recent admin credits each balance includes: a repeat of one must not apply it again.
+    const credits = new Map<string, string[]>();
+    for (const entry of this.ledger.recentCredits()) {
+      const ids = credits.get(entry.accountId);
+      if (ids === undefined) credits.set(entry.accountId, [creditMarker(entry)]);
+      else ids.push(creditMarker(entry));
+    }
     for (const [accountId, totals] of this.ledger.totals()) {
-      this.limiter.restore(accountId, totals.balanceMicro, totals.day, totals.spentMicro, totals.credited);
+      this.limiter.restore(accountId, totals.balanceMicro, totals.day, totals.spentMicro, totals.credited, credits.get(accountId));
     }
   }
 

@@ -69,10 +69,12 @@ export class Credits {
         message: 'This Idempotency-Key was used for a different credit (amount or note).', fields: { param: 'Idempotency-Key' },
       });
     }
-    // A shared store may not have it yet (it was away when the credit was made): apply once. Not
-    // past the days a shared store remembers applied credits: it would apply an old one again.
+    // The store may not have it yet: a shared one was away when the credit was made, or the
+    // ledger's answer was lost though it recorded the credit (the first request got a 503).
+    // Applied once by its id; not past the days a store remembers applied credits: it would
+    // apply an old one again.
     const recent = entry.createdAt >= this.ctx.now() - CREDIT_KEY_DAYS * DAY_MS;
-    if (recent && !this.ctx.limiter.restoresFromLedger) await this.goLive(entry);
+    if (recent) await this.goLive(entry);
     return entry;
   }
 

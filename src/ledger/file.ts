@@ -65,25 +65,36 @@ interface LoadedSnapshot extends Omit<Snapshot, 'book'> {
   book: LedgerBook;
 }
 
-/** Reads snapshot.json in either form. Version 3's first line is its header; each line after it a group of the book's or of `last`. */
+/**
+ * Reads snapshot.json in either form. Version 3's first line is its header, each line after it
+ * a group of the book's or of `last`, and its last line `["end"]`: a file cut short is refused,
+ * never read as a smaller book. Anything else is read as one JSON text (versions 1 and 2, with
+ * or without a newline after it).
+ */
 function readSnapshot(path: string): LoadedSnapshot {
   const data = readFileSync(path);
   const firstEnd = data.indexOf(10);
-  if (firstEnd === -1) { // versions 1 and 2: one line
+  let header: Omit<Snapshot, 'book'> | null = null;
+  try {
+    if (firstEnd !== -1) header = JSON.parse(data.toString('utf8', 0, firstEnd)) as Omit<Snapshot, 'book'>;
+  } catch { /* not a header line: one JSON text */ }
+  if (header === null || header.version !== 3) {
     const snapshot = JSON.parse(data.toString('utf8')) as Snapshot;
     return { ...snapshot, book: LedgerBook.load(snapshot.book) };
   }
-  const header = JSON.parse(data.toString('utf8', 0, firstEnd)) as Omit<Snapshot, 'book'>;
   const book = new LedgerBook();
   const last: Array<[string, Position]> = [];
-  for (let start = firstEnd + 1; start < data.length;) {
+  let ended = false;
+  for (let start = firstEnd + 1; start < data.length && !ended;) {
     let end = data.indexOf(10, start);
     if (end === -1) end = data.length;
     const line = JSON.parse(data.toString('utf8', start, end)) as unknown;
     if (Array.isArray(line) && line[0] === 'l' && Array.isArray(line[1])) last.push(...(line[1] as Array<[string, Position]>));
-    else if (!book.loadLine(line)) throw new Error(`${path}: a line it cannot read at byte ${start}`);
+    else if (Array.isArray(line) && line[0] === 'end') ended = true;
+    else if (!book.loadLine(line)) throw new Error(`${path}: a line it cannot read at byte ${start}; remove the file to replay the journal`);
     start = end + 1;
   }
+  if (!ended) throw new Error(`${path} is cut short (no end line); remove the file to replay the journal`);
   return { ...header, book, last };
 }
 
@@ -467,6 +478,7 @@ export class FileLedger implements Ledger {
     yield `${JSON.stringify({ version: 3, sealed, complete: this.lastComplete, legacyUpTo: this.legacyUpTo })}\n`;
     yield* this.book.saveLines();
     yield* lines(this.last, (group) => ['l', group]);
+    yield '["end"]\n';
   }
 
   // --- reading history from before back pointers ----------------------------------------------

@@ -1,4 +1,5 @@
 import { DAY_MS, nextUtcMidnight, type Clock } from '../clock.js';
+import { CREDIT_KEY_DAYS } from '../ledger/book.js';
 import { addMicro } from '../money.js';
 import { checkAdmission, checkCost, checkCredit, checkRestore } from './guard.js';
 import {
@@ -75,6 +76,8 @@ export class MemoryLimiter implements Limiter {
   private readonly money = new Map<string, MoneyState>();
   /** Accounts whose initial credit is given (here, or before a restart by the ledger). */
   private readonly credited = new Set<string>();
+  /** `account \n credit id` of the admin credits applied (here, or in a balance restored from the ledger) -> when: each once. */
+  private readonly appliedCredits = new Map<string, number>();
   readonly restoresFromLedger = true;
   /** `accountId \n Idempotency-Key` of requests still executing. */
   private readonly inFlightIds = new Set<string>();
@@ -186,12 +189,14 @@ export class MemoryLimiter implements Limiter {
     if (t.idempotencyId !== null) this.inFlightIds.delete(t.idempotencyId);
   }
 
-  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number, credited: boolean): void {
+  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number, credited: boolean, creditIds: readonly string[] = []): void {
     checkRestore(balanceMicro, day, spentMicro);
-    const money = this.moneyOf(accountId, this.clock.now());
+    const now = this.clock.now();
+    const money = this.moneyOf(accountId, now);
     money.balanceMicro = balanceMicro;
     if (day === money.day) money.spentMicro = spentMicro;
     if (credited) this.credited.add(accountId);
+    for (const id of creditIds) this.appliedCredits.set(`${accountId}\n${id}`, now);
   }
 
   creditOnce(accountId: string, amountMicro: number, _attempt?: string): number | null {
@@ -203,10 +208,19 @@ export class MemoryLimiter implements Limiter {
     return money.balanceMicro;
   }
 
-  /** `creditId` is not needed here: this store's money state is rebuilt from the ledger at start. */
-  credit(accountId: string, amountMicro: number, _creditId: string): number {
+  credit(accountId: string, amountMicro: number, creditId: string, formerId?: string): number {
     checkCredit(amountMicro);
-    const money = this.moneyOf(accountId, this.clock.now());
+    const now = this.clock.now();
+    const money = this.moneyOf(accountId, now);
+    // Per account, as Redis keeps them: two accounts' credits may share an Idempotency-Key.
+    const applied = `${accountId}\n${creditId}`;
+    if (this.appliedCredits.has(applied) || (formerId !== undefined && this.appliedCredits.has(`${accountId}\n${formerId}`))) return money.balanceMicro;
+    this.appliedCredits.set(applied, now);
+    // Remembered as long as the ledger remembers its credits' keys (oldest first: Map order).
+    for (const [id, at] of this.appliedCredits) {
+      if (at >= now - CREDIT_KEY_DAYS * DAY_MS) break;
+      this.appliedCredits.delete(id);
+    }
     money.balanceMicro = addMicro(money.balanceMicro, amountMicro);
     return money.balanceMicro;
   }

@@ -104,15 +104,16 @@ export interface Limiter {
   readonly restoresFromLedger: boolean;
   /**
    * Seeds an account's money state from the ledger at start-up: its prepaid balance (credits
-   * and the charges made while prepaid), its spend on UTC day `day`, and whether it was ever
-   * credited (its one-time initial credit is then not given again).
+   * and the charges made while prepaid), its spend on UTC day `day`, whether it was ever
+   * credited (its one-time initial credit is then not given again), and the `credit` ids of the
+   * recent admin credits that balance includes (not to be applied again).
    */
-  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number, credited: boolean): void;
+  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number, credited: boolean, creditIds?: readonly string[]): void;
   /**
-   * Adds prepaid credit to an account, once per `creditId` (a shared store applies a retried
-   * credit once; the memory store's state is rebuilt from the ledger, so it needs none), or
-   * not at all when it was applied under `formerId` (the name an older version gave it);
-   * resolves to the balance after.
+   * Adds prepaid credit to an account, once per `creditId` (remembered for CREDIT_KEY_DAYS: a
+   * repeat of a credit whose first answer was lost makes it live, once), or not at all when it
+   * was applied under `formerId` (the name an older version gave it); resolves to the balance
+   * after.
    */
   credit(accountId: string, amountMicro: number, creditId: string, formerId?: string): MaybeAsync<number>;
   /**

@@ -26,7 +26,7 @@ const quiet = new Logger(() => {});
 
 const config = (prepaid: boolean) => testConfig({
   plans: { p: { rpm: 1000, concurrency: 10 } },
-  accounts: { acct_c: { plan: 'p', ...(prepaid ? { balanceUsd: 5 } : {}) } },
+  accounts: { acct_c: { plan: 'p', ...(prepaid ? { balanceUsd: 5 } : {}) }, acct_d: { plan: 'p', balanceUsd: 0 } },
   keys: { k_c: { account: 'acct_c', key: 'sk-c' } },
   models: { paid: { provider: 'mock', price: { inputPerMillion: 1000, outputPerMillion: 1000 } } },
   providers: { mock: { protocol: 'mock' } },
@@ -51,6 +51,18 @@ class FullDisk extends MemoryLedger {
   override append(entry: LedgerEntry): void {
     if (this.full) throw new Error('ENOSPC: no space left on device');
     super.append(entry);
+  }
+}
+
+/** A ledger that records an entry but loses its answer once (a connection cut after the commit). */
+class LostAnswer extends MemoryLedger {
+  loseNext = false;
+  override append(entry: LedgerEntry): void {
+    super.append(entry);
+    if (this.loseNext) {
+      this.loseNext = false;
+      throw new Error('connection terminated unexpectedly');
+    }
   }
 }
 
@@ -95,6 +107,36 @@ describe('regression: admin credits were live before durable, and not idempotent
       assert.equal(await balanceOf(gw), 9);
     } finally {
       await gw.close();
+    }
+  });
+
+  test('a credit the ledger recorded though its answer was lost (a 503): the repeat with its Idempotency-Key makes it live, once, also after a restart (found in review: with the memory store it stayed unspendable until a restart)', async () => {
+    const ledger = new LostAnswer();
+    const gw = await startGateway(config(true), { adminKey: ADMIN, ledger });
+    const post = (g: Running) => admin(g)('POST', '/admin/v1/accounts/acct_c/credits', { amountUsd: 10 }, { 'idempotency-key': 'lost-1' });
+    try {
+      ledger.loseNext = true;
+      assert.equal((await post(gw)).status, 503);
+      assert.equal(await balanceOf(gw), 5, 'not live: the gateway cannot know it was recorded');
+      const again = await post(gw);
+      assert.equal(again.status, 201);
+      assert.equal(await balanceOf(gw), 15, 'the repeat found it recorded, and made it live');
+      assert.equal((await post(gw)).status, 201);
+      assert.equal(await balanceOf(gw), 15, 'once');
+      // Another account's credit under the same key is its own (found in review: it was taken as applied).
+      const other = await admin(gw)('POST', '/admin/v1/accounts/acct_d/credits', { amountUsd: 3 }, { 'idempotency-key': 'lost-1' });
+      assert.equal(other.status, 201);
+      assert.equal((await admin(gw)('GET', '/admin/v1/accounts/acct_d')).body!.balance, 3);
+    } finally {
+      await gw.close();
+    }
+    const restarted = await startGateway(config(true), { adminKey: ADMIN, ledger });
+    try {
+      assert.equal(await balanceOf(restarted), 15, 'restored from the ledger');
+      assert.equal((await post(restarted)).status, 201);
+      assert.equal(await balanceOf(restarted), 15, 'a repeat after the restart applies nothing more');
+    } finally {
+      await restarted.close();
     }
   });
 

@@ -245,6 +245,38 @@ describe('file ledger', () => {
     await replayed.close();
   });
 
+  test('snapshots: version 3 cut short is refused (remove it to replay); a version-2 one with a newline after it is still read (found in review: it was read as an empty book)', async () => {
+    const dir = tmp();
+    const ledger = await FileLedger.open(dir, { maxSegmentBytes: 1500, logger: quiet });
+    await ledger.append(credit('a', 10_000));
+    for (let i = 0; i < 20; i++) await ledger.append(charge('a', 10, T0 + i, { balanceAfterMicro: 10_000 - 10 * (i + 1) }));
+    await ledger.close();
+    const path = join(dir, 'snapshot.json');
+    const text = readFileSync(path, 'utf8');
+    const lines = text.trimEnd().split('\n').map((l) => JSON.parse(l) as unknown[]);
+    assert.deepEqual(lines.at(-1), ['end']);
+    const expected = (await FileLedger.open(dir, { maxSegmentBytes: 1500, logger: quiet }));
+    const totals = expected.totals().get('a');
+    await expected.close();
+    // Cut short at a line's end: refused, not read as a smaller book.
+    writeFileSync(path, text.split('\n').slice(0, -2).join('\n') + '\n');
+    await assert.rejects(FileLedger.open(dir, { maxSegmentBytes: 1500, logger: quiet }), /cut short.*remove the file/);
+    // The same snapshot as version 2 wrote it (one JSON text), then a newline an editor added.
+    const header = lines[0] as unknown as { sealed: number; complete: boolean; legacyUpTo: number };
+    const cells = new Map<string, unknown[]>();
+    for (const [tag, account, group] of lines.filter((l) => l[0] === 'c') as Array<[string, string, unknown[]]>) cells.set(account, [...(cells.get(account) ?? []), ...group]);
+    const v2 = {
+      version: 2, sealed: header.sealed, complete: header.complete, legacyUpTo: header.legacyUpTo,
+      book: { totals: lines.filter((l) => l[0] === 't').flatMap((l) => l[1] as unknown[]), cells: [...cells], credits: lines.filter((l) => l[0] === 'r').flatMap((l) => l[1] as unknown[]) },
+      last: lines.filter((l) => l[0] === 'l').flatMap((l) => l[1] as unknown[]),
+    };
+    writeFileSync(path, `${JSON.stringify(v2)}\n`);
+    const old = await FileLedger.open(dir, { maxSegmentBytes: 1500, logger: quiet });
+    assert.deepEqual(old.totals().get('a'), totals);
+    assert.equal((await allPages(old, 'a', 100)).length, 21);
+    await old.close();
+  });
+
   test('a torn last record is cut off with a warning; damage elsewhere stops the start naming file and offset', async () => {
     const dir = tmp();
     const ledger = await FileLedger.open(dir, { logger: quiet });
