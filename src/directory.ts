@@ -16,6 +16,8 @@ export interface AccountEntry {
 
 export interface KeyEntry {
   readonly id: string;
+  /** SHA-256 of the key's secret (lowercase hex). */
+  readonly sha256: string;
   readonly account: AccountEntry;
   /** Per-key limits, counted in addition to the account's; null = none. */
   readonly rpm: Limit;
@@ -109,12 +111,23 @@ export class Directory {
         bodies.set(signature, body);
       }
       const entry: KeyEntry = {
-        id, account: this.accounts.get(k.account)!, rpm: k.rpm, concurrency: k.concurrency,
+        id, sha256: k.sha256, account: this.accounts.get(k.account)!, rpm: k.rpm, concurrency: k.concurrency,
         disabled: k.disabled, models: k.models === null ? null : new Set(k.models), modelsBody: body,
       };
       this.keys.set(id, entry);
       this.byHash.set(k.sha256, entry);
     }
+  }
+
+  /**
+   * `key` as this directory has it now (limits, account, models), or undefined when it was
+   * deleted, disabled or given another secret since it was looked up (an admin change while
+   * its request's body was still arriving: the key stops working at once, CONTRACT section 5).
+   */
+  current(key: KeyEntry): KeyEntry | undefined {
+    const now = this.keys.get(key.id);
+    if (now === key) return key;
+    return now === undefined || now.disabled || now.sha256 !== key.sha256 ? undefined : now;
   }
 
   /** The key whose SHA-256 (lowercase hex) is given, or undefined. */

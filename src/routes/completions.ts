@@ -74,7 +74,10 @@ function afterBody(
   const checked = wire.check(parsed);
   if (!checked.ok) return sendError(ctx, res, 'invalid_request', gw.done, { message: checked.message, fields: { param: checked.param || null } });
   const call = checked.call;
-  const key = ctx.key!;
+  // Looked up again: the directory may have changed while the body arrived.
+  const key = gw.directory.current(ctx.key!);
+  if (key === undefined) return sendError(ctx, res, 'invalid_api_key', gw.done);
+  ctx.key = key;
   const model = gw.directory.resolveModel(key, call.model);
   if (model === undefined) {
     return sendError(ctx, res, 'model_not_found', gw.done, {

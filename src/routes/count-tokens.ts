@@ -56,7 +56,10 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
       if (estimateInputTokens(b) === null) {
         return sendError(ctx, res, 'invalid_request', gw.done, { message: `The request body nests deeper than ${MAX_DEPTH} levels.`, fields: { param: null } });
       }
-      const key = ctx.key!;
+      // Looked up again: the directory may have changed while the body arrived.
+      const key = gw.directory.current(ctx.key!);
+      if (key === undefined) return sendError(ctx, res, 'invalid_api_key', gw.done);
+      ctx.key = key;
       const model = gw.directory.resolveModel(key, b.model as string);
       if (model === undefined) {
         return sendError(ctx, res, 'model_not_found', gw.done, { message: `The model "${String(b.model)}" does not exist or this key may not use it.` });

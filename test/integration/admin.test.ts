@@ -105,6 +105,29 @@ describe('admin API', () => {
     }
   });
 
+  test('a key deleted while its request\'s body is still arriving: the call is refused 401, never admitted (found in review: the key looked up at the headers was used)', async () => {
+    const gw = await startGateway(testConfig(), { adminKey: ADMIN });
+    const { connect } = await import('node:net');
+    const { port } = new URL(gw.url);
+    const s = connect(Number(port), '127.0.0.1');
+    try {
+      await new Promise((r) => s.once('connect', r));
+      let text = '';
+      s.on('data', (d: Buffer) => { text += d.toString(); });
+      const body = JSON.stringify({ model: 'echo-1', messages: [{ role: 'user', content: 'hi' }] });
+      s.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-alice\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body.slice(0, 10)}`);
+      await new Promise((r) => setTimeout(r, 50));
+      assert.equal((await api(gw, ADMIN)('DELETE', '/admin/v1/keys/key_alice')).status, 204);
+      s.end(body.slice(10));
+      await new Promise((r) => s.once('close', r));
+      assert.match(text, /^HTTP\/1\.1 401 /);
+      assert.match(text, /"code":"invalid_api_key"/);
+    } finally {
+      s.destroy();
+      await gw.close();
+    }
+  });
+
   test('plans and accounts: created or replaced, applied to the next request with counters kept; admin calls are not counted', async () => {
     const gw = await startGateway(testConfig(), { adminKey: ADMIN });
     const admin = api(gw, ADMIN);
