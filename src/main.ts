@@ -1,5 +1,6 @@
 #!/usr/bin/env node
 import { hash, randomBytes } from 'node:crypto';
+import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
 import { DEMO_KEY, demoConfig } from './config/demo.js';
@@ -8,6 +9,8 @@ import type { GatewayConfig } from './config/types.js';
 import { validateConfig, type ValidateResult } from './config/validate.js';
 import { startGateway, type EmbeddedGateway } from './create.js';
 import { LedgerCorruptError } from './ledger/file.js';
+import { importFileLedger } from './ledger/import.js';
+import { PostgresLedger } from './ledger/postgres.js';
 import { LedgerLockedError } from './ledger/lock.js';
 import { Logger } from './log.js';
 
@@ -16,6 +19,7 @@ const USAGE = `Usage:
   model-gateway hash-key KEY                                  print the SHA-256 of KEY (for keys.*.sha256)
   model-gateway new-key                                       print a fresh random key and its SHA-256
   model-gateway check-config FILE                             validate a config file
+  model-gateway import-ledger DIR --config FILE               copy a file ledger's books into the config's PostgreSQL ledger
 Environment: MODEL_GATEWAY_CONFIG, HOST, PORT (flags win).`;
 
 interface StartOptions {
@@ -186,6 +190,33 @@ function printDemoBanner(url: string): void {
 `);
 }
 
+/**
+ * Copies a file ledger's books (stopped: its lock is taken) into the PostgreSQL ledger the config
+ * names, so a fleet moving to PostgreSQL keeps its balances, spend and history. Safe to run again.
+ */
+async function importLedger(args: string[]): Promise<void> {
+  const options = parseStart(args.filter((a, i) => i !== 0 || a.startsWith('--')));
+  const dir = args[0];
+  if (dir === undefined || dir.startsWith('--')) fail(`import-ledger needs the file ledger's DIR\n\n${USAGE}`);
+  if (!existsSync(dir)) fail(`import-ledger: ${dir} does not exist`);
+  const file = options.config ?? process.env.MODEL_GATEWAY_CONFIG;
+  if (file === undefined) fail(`import-ledger needs --config FILE (the config whose ledger is PostgreSQL)\n\n${USAGE}`);
+  const result = loadConfigFile(file);
+  if (!result.ok) fail(`invalid config ${file}:\n${result.errors.map((e) => `  ${e}`).join('\n')}`);
+  const ledger = result.config.ledger;
+  if (ledger.store !== 'postgres') fail(`import-ledger copies into PostgreSQL: ${file} has ledger.store "${ledger.store}"`);
+  const logger = new Logger();
+  const target = await PostgresLedger.open({ url: ledger.url, schema: ledger.schema, logger });
+  let done;
+  try {
+    done = await importFileLedger(resolve(dir), target, logger);
+  } finally {
+    await target.close();
+  }
+  process.stderr.write(`imported ${done.imported} entries from ${dir} into PostgreSQL (schema "${ledger.schema}"); ${done.refused} refused\n`);
+  if (done.refused > 0) process.exitCode = 1;
+}
+
 function main(argv: string[]): void {
   const [command, ...rest] = argv;
   switch (command) {
@@ -206,6 +237,9 @@ function main(argv: string[]): void {
       process.stdout.write(`ok: ${rest[0]} is a valid config\n`);
       return;
     }
+    case 'import-ledger':
+      importLedger(rest).catch((err: unknown) => fail(`import-ledger failed: ${(err as Error).message}`));
+      return;
     default:
       start(parseStart(argv)).catch((err: unknown) => fail(`fatal: ${(err as Error).stack ?? String(err)}`));
   }

@@ -508,6 +508,22 @@ export class FileLedger implements Ledger {
     return index;
   }
 
+  /**
+   * Every entry of the journal, oldest first, read from the segments on disk (for moving the
+   * books to another ledger: `import-ledger`). What was appended and not yet written is not
+   * among them: call it on a ledger nothing appends to.
+   */
+  *entries(): Generator<LedgerEntry> {
+    const seqs = readdirSync(this.dir).map((f) => SEGMENT.exec(f)).filter((m) => m !== null).map((m) => Number(m[1])).sort((a, b) => a - b);
+    for (const seq of seqs) {
+      const data = readFileSync(join(this.dir, segmentName(seq)));
+      const end = seq === this.seq ? Math.min(this.size, data.length) : data.length;
+      const entries: LedgerEntry[] = [];
+      scanRecords(data, end, segmentName(seq), (d) => entries.push(d.entry));
+      yield* entries;
+    }
+  }
+
   // --- recovery ------------------------------------------------------------------------------
 
   private async recover(): Promise<void> {
