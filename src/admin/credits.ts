@@ -39,6 +39,12 @@ const LIVE_RETRY_MS = 1000;
 export class Credits {
   /** `account \n key` -> the credit being made, so a concurrent repeat waits for it. */
   private readonly making = new Map<string, Promise<LedgerEntry>>();
+  /**
+   * account -> the last credit being made for it: an account's credits are made one after the
+   * other, so each reads the balance the one before it left (two at once both showed the same
+   * `balance_after`). Another instance's, made at the same moment, can still show the same.
+   */
+  private readonly lastMade = new Map<string, Promise<unknown>>();
 
   constructor(private readonly ctx: CreditContext) {}
 
@@ -78,7 +84,19 @@ export class Credits {
     return entry;
   }
 
-  private async make(request: CreditRequest): Promise<LedgerEntry> {
+  private make(request: CreditRequest): Promise<LedgerEntry> {
+    const id = request.account.id;
+    const previous = this.lastMade.get(id) ?? Promise.resolve();
+    const made = previous.then(() => this.makeNow(request), () => this.makeNow(request));
+    const settled = made.catch(() => {});
+    this.lastMade.set(id, settled);
+    void settled.then(() => {
+      if (this.lastMade.get(id) === settled) this.lastMade.delete(id);
+    });
+    return made;
+  }
+
+  private async makeNow(request: CreditRequest): Promise<LedgerEntry> {
     const { account, amountMicro } = request;
     const before = await this.ctx.limiter.snapshot(account);
     if (!Number.isSafeInteger((before.balanceMicro ?? 0) + amountMicro)) {

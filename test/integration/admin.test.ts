@@ -171,6 +171,11 @@ describe('admin API', () => {
       const history = await api(gw, key.body!.key)('GET', '/v1/billing/history');
       assert.equal(history.body!.data[0].id, credit.body!.id);
       assert.equal((await admin('GET', '/admin/v1/accounts/acct_new')).body!.balance, 12.5);
+      // Credits at once: each shows the balance after it, one after the other (found in review: they all showed 13.5).
+      const together = await Promise.all([1, 2, 3].map((usd) => admin('POST', '/admin/v1/accounts/acct_new/credits', { amountUsd: usd })));
+      assert.deepEqual(together.map((r) => r.status), [201, 201, 201]);
+      assert.deepEqual(together.map((r) => r.body!.balance_after).sort((a, b) => a - b), [13.5, 15.5, 18.5]);
+      assert.equal((await admin('GET', '/admin/v1/accounts/acct_new')).body!.balance, 18.5);
       assert.equal((await admin('POST', '/admin/v1/accounts/acct_bob/credits', { amountUsd: 1 })).status, 400);
       assert.equal((await admin('POST', '/admin/v1/accounts/acct_new/credits', { amountUsd: 0 })).status, 400);
       for (const note of ['nul\u0000byte', 'line\nbreak', 'x'.repeat(1001), 7]) {
@@ -183,7 +188,7 @@ describe('admin API', () => {
       const over = await admin('POST', '/admin/v1/accounts/acct_new/credits', { amountUsd: 9_000_000_000 });
       assert.equal(over.status, 400);
       assert.equal(over.body!.error.param, 'amountUsd');
-      assert.equal((await admin('GET', '/admin/v1/accounts/acct_new')).body!.balance, 9_000_000_012.5);
+      assert.equal((await admin('GET', '/admin/v1/accounts/acct_new')).body!.balance, 9_000_000_018.5);
       // Replacing the account keeps it prepaid and keeps its balance.
       await admin('PUT', '/admin/v1/accounts/acct_new', { plan: 'free', prepaid: false });
       assert.equal((await admin('GET', '/admin/v1/accounts/acct_new')).body!.prepaid, true);
