@@ -339,11 +339,12 @@ export class Gateway implements RouteHost {
   private restoreFromLedger(): void {
     if (!this.limiter.restoresFromLedger) return;
     // The recent admin credits each balance includes: a repeat of one must not apply it again.
-    const credits = new Map<string, string[]>();
+    const credits = new Map<string, Array<[string, number]>>();
     for (const entry of this.ledger.recentCredits()) {
+      const applied: [string, number] = [creditMarker(entry), entry.createdAt];
       const ids = credits.get(entry.accountId);
-      if (ids === undefined) credits.set(entry.accountId, [creditMarker(entry)]);
-      else ids.push(creditMarker(entry));
+      if (ids === undefined) credits.set(entry.accountId, [applied]);
+      else ids.push(applied);
     }
     for (const [accountId, totals] of this.ledger.totals()) {
       this.limiter.restore(accountId, totals.balanceMicro, totals.day, totals.spentMicro, totals.credited, credits.get(accountId));

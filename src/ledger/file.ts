@@ -149,6 +149,11 @@ function atomicWriteSync(path: string, text: Iterable<string>): void {
  * follows each record's pointer to its account's previous one: a page costs a read per
  * entry, whatever the size of the journal, and never blocks the event loop.
  */
+/** Whether `dir` holds a file ledger's journal. */
+export function hasJournal(dir: string): boolean {
+  return readdirSync(dir).some((f) => SEGMENT.test(f));
+}
+
 export class FileLedger implements Ledger {
   private readonly maxSegmentBytes: number;
   private readonly logger: Logger | undefined;

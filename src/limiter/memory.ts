@@ -189,14 +189,14 @@ export class MemoryLimiter implements Limiter {
     if (t.idempotencyId !== null) this.inFlightIds.delete(t.idempotencyId);
   }
 
-  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number, credited: boolean, creditIds: readonly string[] = []): void {
+  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number, credited: boolean, credits: ReadonlyArray<readonly [string, number]> = []): void {
     checkRestore(balanceMicro, day, spentMicro);
     const now = this.clock.now();
     const money = this.moneyOf(accountId, now);
     money.balanceMicro = balanceMicro;
     if (day === money.day) money.spentMicro = spentMicro;
     if (credited) this.credited.add(accountId);
-    for (const id of creditIds) this.appliedCredits.set(`${accountId}\n${id}`, now);
+    for (const [id, at] of credits) this.appliedCredits.set(`${accountId}\n${id}`, at);
   }
 
   creditOnce(accountId: string, amountMicro: number, _attempt?: string): number | null {
@@ -212,13 +212,17 @@ export class MemoryLimiter implements Limiter {
     checkCredit(amountMicro);
     const now = this.clock.now();
     const money = this.moneyOf(accountId, now);
-    // Per account, as Redis keeps them: two accounts' credits may share an Idempotency-Key.
+    // Per account, as Redis keeps them: two accounts' credits may share an Idempotency-Key. For
+    // as long as the ledger remembers a credit's key (from its time): a key used again later is
+    // a new credit.
+    const since = now - CREDIT_KEY_DAYS * DAY_MS;
     const applied = `${accountId}\n${creditId}`;
-    if (this.appliedCredits.has(applied) || (formerId !== undefined && this.appliedCredits.has(`${accountId}\n${formerId}`))) return money.balanceMicro;
+    const former = formerId === undefined ? undefined : this.appliedCredits.get(`${accountId}\n${formerId}`);
+    if ((this.appliedCredits.get(applied) ?? -Infinity) >= since || (former ?? -Infinity) >= since) return money.balanceMicro;
+    this.appliedCredits.delete(applied); // re-inserted last: the map stays in time order
     this.appliedCredits.set(applied, now);
-    // Remembered as long as the ledger remembers its credits' keys (oldest first: Map order).
     for (const [id, at] of this.appliedCredits) {
-      if (at >= now - CREDIT_KEY_DAYS * DAY_MS) break;
+      if (at >= since) break;
       this.appliedCredits.delete(id);
     }
     money.balanceMicro = addMicro(money.balanceMicro, amountMicro);

@@ -106,9 +106,9 @@ export interface Limiter {
    * Seeds an account's money state from the ledger at start-up: its prepaid balance (credits
    * and the charges made while prepaid), its spend on UTC day `day`, whether it was ever
    * credited (its one-time initial credit is then not given again), and the `credit` ids of the
-   * recent admin credits that balance includes (not to be applied again).
+   * recent admin credits that balance includes, with their times (not to be applied again).
    */
-  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number, credited: boolean, creditIds?: readonly string[]): void;
+  restore(accountId: string, balanceMicro: number, day: number, spentMicro: number, credited: boolean, credits?: ReadonlyArray<readonly [string, number]>): void;
   /**
    * Adds prepaid credit to an account, once per `creditId` (remembered for CREDIT_KEY_DAYS: a
    * repeat of a credit whose first answer was lost makes it live, once), or not at all when it

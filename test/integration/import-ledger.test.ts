@@ -96,6 +96,23 @@ describe('import-ledger: a file ledger\'s books moved into PostgreSQL', { skip: 
     }
   });
 
+  test('a credit whose key was used again after the file ledger forgot it (7 days on) cannot be kept by PostgreSQL (keys for ever): refused and logged, not counted as imported (found in review); a directory without a journal is refused', async () => {
+    const dir = await fileLedger([credit('d', 1_000_000, T0 - 10 * DAY_MS, 'monthly'), credit('d', 2_000_000, T0, 'monthly'), entry('d', 5, T0 + 1)]);
+    const schema = freshSchema();
+    schemas.push(schema);
+    const logs: string[] = [];
+    const pg = await PostgresLedger.open({ url: PG_URL, schema, logger: quiet });
+    try {
+      const logger = new Logger((t) => logs.push(t));
+      assert.deepEqual(await importFileLedger(dir, pg, logger), { imported: 2, refused: 1 });
+      await logger.flush();
+      assert.match(logs.join(''), /holds Idempotency-Key \\"monthly\\" for another credit.*"amount_micro":2000000/);
+      await assert.rejects(importFileLedger(mkdtempSync(join(tmpdir(), 'mg-empty-')), pg, quiet), /holds no file ledger/);
+    } finally {
+      await pg.close();
+    }
+  });
+
   test('the command: copies into the config\'s PostgreSQL ledger and says how many; refuses a config that is not PostgreSQL, and a running gateway\'s directory', async () => {
     const dir = await fileLedger([credit('c', 2_000_000, T0, null), entry('c', 300, T0 + 1, { balanceAfterMicro: 1_999_700 })]);
     const schema = freshSchema();

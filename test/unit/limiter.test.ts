@@ -262,6 +262,25 @@ describe('MemoryLimiter', () => {
   });
 });
 
+describe('MemoryLimiter admin credits', () => {
+  test('each applied once per account and id while the ledger remembers its key (7 days from the credit), restored ones included; a key used again later is a new credit (found in review)', () => {
+    const clock = new FakeClock();
+    const lim = new MemoryLimiter(clock);
+    const t0 = clock.now();
+    // Restored at a start 6 days after credit K was made: the balance holds K.
+    clock.advance(6 * DAY_MS);
+    lim.restore('a', 5_000_000, Math.floor(clock.now() / DAY_MS), 0, true, [['k:K', t0]]);
+    assert.equal(lim.credit('a', 5_000_000, 'k:K'), 5_000_000, 'within 7 days of K: already applied');
+    assert.equal(lim.credit('b', 1_000_000, 'k:K'), 1_000_000, 'another account\'s K is its own');
+    assert.equal(lim.credit('b', 1_000_000, 'k:K'), 1_000_000, 'once');
+    // Day 8: the ledger has forgotten K (7 days after the credit, not after the restart); K again is a new credit.
+    clock.advance(2 * DAY_MS);
+    assert.equal(lim.credit('a', 2_000_000, 'k:K'), 7_000_000);
+    assert.equal(lim.credit('a', 2_000_000, 'k:K'), 7_000_000, 'and that one once');
+    assert.equal(lim.credit('a', 1, 'e:txn_new', 'k:K'), 7_000_000, 'applied under its former name');
+  });
+});
+
 describe('limiter properties (random schedules on a fake clock)', () => {
   test('no rolling 60 s window ever admits more than rpm (account and key)', () => {
     for (let seed = 1; seed <= 30; seed++) {
