@@ -1,4 +1,4 @@
-import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, statSync, unlinkSync, utimes, writeSync } from 'node:fs';
+import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, rmdirSync, statSync, unlinkSync, utimes, writeSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 
@@ -77,10 +77,8 @@ export class DirLock {
       if (!stale(path, holder, staleMs)) {
         throw new LedgerLockedError(dir, holder === null ? 'unknown holder' : `pid ${holder.pid} on ${holder.host}`);
       }
-      // The holder is gone: take its lock over. Two takers race on the O_EXCL create above.
-      try {
-        unlinkSync(path);
-      } catch { /* another taker removed it first */ }
+      // The holder is gone: take its lock over, one taker at a time (see takeOver).
+      takeOver(dir, path, holder, staleMs);
     }
     throw new LedgerLockedError(dir, 'another instance took it over first');
   }
@@ -96,6 +94,40 @@ export class DirLock {
         unlinkSync(this.path);
       } catch { /* already gone */ }
     }
+  }
+}
+
+/**
+ * Removes a stale lock so that the O_EXCL create can be tried again, under a takeover guard (a
+ * directory, made atomically): two takers that both judged the lock stale could otherwise each
+ * remove the other's fresh lock and both go on. The one holding the guard removes the lock only
+ * if it is still the one judged stale (same token); the others are refused. A guard left by a
+ * taker that died is stale after `staleMs`.
+ */
+function takeOver(dir: string, path: string, judged: Holder | null, staleMs: number): void {
+  const guard = `${path}.takeover`;
+  try {
+    mkdirSync(guard);
+  } catch (err) {
+    if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
+    let age = 0;
+    try {
+      age = Date.now() - statSync(guard).mtimeMs;
+    } catch { /* gone meanwhile: its taker finished */ }
+    if (age > staleMs) {
+      try {
+        rmdirSync(guard);
+      } catch { /* another taker removed it first */ }
+    }
+    throw new LedgerLockedError(dir, 'another instance is taking it over');
+  }
+  try {
+    if (readHolder(path)?.token !== judged?.token) return; // replaced meanwhile: the create says by whom
+    try {
+      unlinkSync(path);
+    } catch { /* gone already */ }
+  } finally {
+    rmdirSync(guard);
   }
 }
 

@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, utimesSync, writeFileSync } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -55,5 +55,29 @@ describe('the ledger directory lock', () => {
     writeFileSync(join(dir, '.lock'), JSON.stringify({ pid: process.ppid, host: hostname(), token: 'someone-else' }));
     lock.release();
     assert.equal(JSON.parse(readFileSync(join(dir, '.lock'), 'utf8')).token, 'someone-else');
+  });
+
+  test('many instances taking over one stale lock at the same moment: exactly one gets it (found in review: two could, each removing the other\'s fresh lock)', async () => {
+    const lockModule = join(__dirname, '..', '..', 'src', 'ledger', 'lock.ts');
+    for (let round = 0; round < 5; round++) {
+      const dir = tmp();
+      writeFileSync(join(dir, '.lock'), JSON.stringify({ pid: deadPid(), host: hostname(), token: 'old' }));
+      const go = Date.now() + 700; // every process tries at this instant
+      const script = `
+        const { DirLock } = require(${JSON.stringify(lockModule)});
+        while (Date.now() < ${go});
+        let got = false;
+        try { DirLock.acquire(${JSON.stringify(dir)}); got = true; } catch {}
+        process.stdout.write(got ? 'got' : 'refused');
+        setTimeout(() => {}, 500); // held a moment, as a starting gateway would
+      `;
+      const outcomes = await Promise.all(Array.from({ length: 8 }, () => new Promise<string>((resolve) => {
+        const child = spawn(process.execPath, ['--import', 'tsx', '-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+        let out = '';
+        child.stdout.on('data', (d: Buffer) => { out += d.toString(); });
+        child.on('exit', () => resolve(out));
+      })));
+      assert.equal(outcomes.filter((o) => o === 'got').length, 1, `round ${round}: ${outcomes.join(' ')}`);
+    }
   });
 });
