@@ -66,8 +66,13 @@ export class RedisCooldowns extends MemoryCooldowns {
       c.on('error', (err: Error) => this.warn('redis cooldown store error', err));
       c.connect().catch(() => { /* reconnects by itself */ });
     }
-    // On every (re)connection: what started while this instance was not listening.
-    this.client.on('ready', () => void this.readAll().catch((err: Error) => this.warn('reading shared cooldowns failed', err)));
+    // On every (re)connection of either: what started while this instance was not listening (the
+    // subscriber alone can lose its connection, and the messages sent meanwhile).
+    for (const c of [this.client, this.subscriber]) {
+      c.on('ready', () => {
+        if (this.client.isReady) void this.readAll().catch((err: Error) => this.warn('reading shared cooldowns failed', err));
+      });
+    }
     this.subscriber.subscribe(this.channel, (message) => this.onMessage(message)).catch((err: Error) => this.warn('redis cooldown subscribe failed', err));
   }
 
