@@ -1,10 +1,9 @@
 import assert from 'node:assert/strict';
-import { createServer, connect, type Server, type Socket } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { createClient } from 'redis';
 import { RedisLimiter } from '../../src/limiter/redis.js';
 import { chatBody, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
-import { hasRedis, RedisServer } from '../helpers/redis-server.js';
+import { hasRedis, RedisRelay, RedisServer } from '../helpers/redis-server.js';
 
 /**
  * Redis runs an admission whose answer the gateway never uses: the answer comes after the
@@ -18,38 +17,13 @@ import { hasRedis, RedisServer } from '../helpers/redis-server.js';
  */
 describe('fault: Redis runs an admission whose answer is late or lost', { skip: hasRedis ? false : 'redis-server is not installed' }, () => {
   const server = new RedisServer();
-  let relay: Server;
-  let cutNextAnswer = false;
-  /** While set, the relay cuts every connection and refuses new ones: Redis is away for the limiter. */
-  let away = false;
-  const open = new Set<Socket>();
+  let relay: RedisRelay;
   let limiter: RedisLimiter;
   let gw: Running;
   before(async () => {
     await server.start();
-    relay = createServer((client: Socket) => {
-      if (away) return client.destroy();
-      const upstream = connect(server.port, '127.0.0.1');
-      open.add(client);
-      client.on('close', () => open.delete(client));
-      const close = () => {
-        client.destroy();
-        upstream.destroy();
-      };
-      client.on('data', (d) => upstream.write(d));
-      upstream.on('data', (d) => {
-        if (!cutNextAnswer) return client.write(d);
-        cutNextAnswer = false;
-        close();
-      });
-      for (const s of [client, upstream]) {
-        s.on('close', close);
-        s.on('error', close);
-      }
-    });
-    await new Promise<void>((resolve) => relay.listen(0, '127.0.0.1', resolve));
-    const port = (relay.address() as { port: number }).port;
-    limiter = new RedisLimiter({ url: `redis://127.0.0.1:${port}`, prefix: 'late:', timeoutMs: 200, leaseMs: 60_000 });
+    relay = await new RedisRelay(server.port).start();
+    limiter = new RedisLimiter({ url: relay.url, prefix: 'late:', timeoutMs: 200, leaseMs: 60_000 });
     await limiter.whenReady(3000);
     gw = await startGateway(testConfig({
       plans: { one: { rpm: 1000, concurrency: 1 } },
@@ -107,7 +81,7 @@ describe('fault: Redis runs an admission whose answer is late or lost', { skip: 
   });
 
   test('an answer lost with the connection: the admission gives back what it may have taken once the connection is back', async () => {
-    cutNextAnswer = true;
+    relay.cut = 'answer';
     const refused = await call('sk-m', 'lost-1');
     await heldNothing(refused, 'acct_m', 'sk-m', 'lost-1');
   });
@@ -116,14 +90,13 @@ describe('fault: Redis runs an admission whose answer is late or lost', { skip: 
     // A call on the slow mock model (300 ms) is admitted; Redis goes away under it; it ends.
     const slow = postJson(`${gw.url}/v1/chat/completions`, 'sk-n', chatBody('slow-1', 'away'));
     await until(async () => (await limiter.snapshot(limits('acct_n'))).inFlight === 1, 3000, 'the slow call admitted');
-    away = true;
-    for (const socket of open) socket.destroy();
+    relay.away = true;
     let answer: Response;
     try {
       answer = await slow;
       await answer.text();
     } finally {
-      away = false;
+      relay.away = false;
     }
     assert.equal(answer.status, 200);
     await until(async () => {

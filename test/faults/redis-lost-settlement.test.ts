@@ -1,11 +1,10 @@
 import assert from 'node:assert/strict';
-import { createServer, connect, type Server, type Socket } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { createClient } from 'redis';
 import { RedisLimiter, type LedgerMoney } from '../../src/limiter/redis.js';
 import type { AccountLimits, Ticket } from '../../src/limiter/types.js';
 import { until } from '../helpers/gateway.js';
-import { hasRedis, RedisServer } from '../helpers/redis-server.js';
+import { hasRedis, RedisRelay, RedisServer } from '../helpers/redis-server.js';
 
 /**
  * A settlement whose outcome the gateway does not learn: the request never reaches Redis, its
@@ -20,48 +19,18 @@ import { hasRedis, RedisServer } from '../helpers/redis-server.js';
  */
 describe('fault: a settlement whose outcome is lost counts exactly once', { skip: hasRedis ? false : 'redis-server is not installed' }, () => {
   const server = new RedisServer();
-  let relay: Server;
-  let cut: 'request' | 'answer' | null = null;
-  let away = false;
-  const open = new Set<Socket>();
+  let relay: RedisRelay;
   let limiter: RedisLimiter;
   before(async () => {
     await server.start();
-    relay = createServer((client: Socket) => {
-      if (away) return client.destroy();
-      const upstream = connect(server.port, '127.0.0.1');
-      open.add(client);
-      const close = () => {
-        client.destroy();
-        upstream.destroy();
-      };
-      client.on('data', (d) => {
-        if (cut !== 'request') return upstream.write(d);
-        cut = null;
-        close();
-      });
-      upstream.on('data', (d) => {
-        if (cut !== 'answer') return client.write(d);
-        cut = null;
-        close();
-      });
-      for (const s of [client, upstream]) {
-        s.on('close', () => {
-          open.delete(client);
-          close();
-        });
-        s.on('error', close);
-      }
-    });
-    await new Promise<void>((resolve) => relay.listen(0, '127.0.0.1', resolve));
-    const port = (relay.address() as { port: number }).port;
+    relay = await new RedisRelay(server.port).start();
     // Leases of 1.5 s are renewed every 500 ms: a settlement sent again too soon, or twice, would show.
-    limiter = new RedisLimiter({ url: `redis://127.0.0.1:${port}`, prefix: 'lost:', timeoutMs: 200, leaseMs: 1500 });
+    limiter = new RedisLimiter({ url: relay.url, prefix: 'lost:', timeoutMs: 200, leaseMs: 1500 });
     await limiter.whenReady(3000);
   });
   after(async () => {
     server.resume();
-    away = false;
+    relay.away = false;
     await limiter.close();
     relay.close();
     await server.stop();
@@ -103,14 +72,14 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
 
   test('the settlement never reached Redis (connection cut under it): sent again, counted once', async () => {
     const t = await admitted('acct_req');
-    cut = 'request';
+    relay.cut = 'request';
     await assert.rejects(limiter.settle(t, COST), /limiter/);
     await chargedOnce('acct_req', t);
   });
 
   test('Redis ran the settlement but its answer was lost: sent again, not counted twice', async () => {
     const t = await admitted('acct_ans');
-    cut = 'answer';
+    relay.cut = 'answer';
     await assert.rejects(limiter.settle(t, COST), /limiter/);
     await chargedOnce('acct_ans', t);
   });
@@ -128,21 +97,20 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
 
   test('nothing reserved (a model priced for cached input only): a settlement that never reached Redis is charged when sent again (found in review)', async () => {
     const t = await admitted('acct_zero', 0);
-    cut = 'request';
+    relay.cut = 'request';
     await assert.rejects(limiter.settle(t, COST), /limiter/);
     await chargedOnce('acct_zero', t);
   });
 
   test('Redis away when the call settles and is released: both sent, in order, when it is back', async () => {
     const t = await admitted('acct_away');
-    away = true;
-    for (const s of open) s.destroy();
+    relay.away = true;
     try {
       await until(() => !limiter.ready(), 3000, 'the limiter sees Redis away');
       await assert.rejects(limiter.settle(t, COST), /limiter/);
       limiter.release(t);
     } finally {
-      away = false;
+      relay.away = false;
     }
     await chargedOnce('acct_away', t);
   });
@@ -152,8 +120,7 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
     // balance not taken: recorded without a balance after it).
     let spent = 0;
     const money = async (): Promise<LedgerMoney> => ({ balanceMicro: 10_000, day: Math.floor(Date.now() / 86_400_000), spentMicro: spent, credited: true, creditIds: [] });
-    const port = (relay.address() as { port: number }).port;
-    const shared = new RedisLimiter({ url: `redis://127.0.0.1:${port}`, prefix: 'lost-pg:', timeoutMs: 200, leaseMs: 1500, money });
+    const shared = new RedisLimiter({ url: relay.url, prefix: 'lost-pg:', timeoutMs: 200, leaseMs: 1500, money });
     const direct = createClient({ url: server.url });
     await direct.connect();
     try {
@@ -161,15 +128,14 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
       const acct = account('acct_pg');
       const t = await shared.admit(acct, key, null, 5_000);
       assert.ok(t.ok);
-      away = true;
-      for (const s of open) s.destroy();
+      relay.away = true;
       try {
         await until(() => !shared.ready(), 3000, 'the limiter sees Redis away');
         await assert.rejects(shared.settle(t, COST), /limiter/);
         spent = COST; // the gateway records the call in the ledger meanwhile
         await direct.flushAll(); // and Redis loses its data
       } finally {
-        away = false;
+        relay.away = false;
       }
       shared.release(t);
       await until(async () => {

@@ -1,5 +1,5 @@
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
-import { createServer } from 'node:net';
+import { connect, createServer, type Server, type Socket } from 'node:net';
 
 export const hasRedis = spawnSync('redis-server', ['--version']).status === 0;
 
@@ -48,5 +48,70 @@ export class RedisServer {
 
   resume(): void {
     this.child?.kill('SIGCONT');
+  }
+}
+
+/**
+ * A TCP relay in front of a Redis, for faults between a client and Redis: it can drop the next
+ * request or the next answer and cut the connection, or be away (cut every connection and refuse
+ * new ones) until told otherwise.
+ */
+export class RedisRelay {
+  /** The next request (client to Redis) or answer (Redis to client) is dropped and its connection cut. */
+  cut: 'request' | 'answer' | null = null;
+  private away_ = false;
+  private readonly open = new Set<Socket>();
+  private readonly server: Server;
+
+  constructor(private readonly redisPort: number) {
+    this.server = createServer((client: Socket) => {
+      if (this.away_) return client.destroy();
+      const upstream = connect(this.redisPort, '127.0.0.1');
+      this.open.add(client);
+      const close = () => {
+        client.destroy();
+        upstream.destroy();
+      };
+      client.on('data', (d) => {
+        if (this.cut !== 'request') return upstream.write(d);
+        this.cut = null;
+        close();
+      });
+      upstream.on('data', (d) => {
+        if (this.cut !== 'answer') return client.write(d);
+        this.cut = null;
+        close();
+      });
+      for (const s of [client, upstream]) {
+        s.on('close', () => {
+          this.open.delete(client);
+          close();
+        });
+        s.on('error', close);
+      }
+    });
+  }
+
+  async start(): Promise<this> {
+    await new Promise<void>((resolve) => this.server.listen(0, '127.0.0.1', resolve));
+    return this;
+  }
+
+  get url(): string {
+    return `redis://127.0.0.1:${(this.server.address() as { port: number }).port}`;
+  }
+
+  /** Away: every connection cut and new ones refused; back: connections taken again. */
+  set away(away: boolean) {
+    this.away_ = away;
+    if (away) for (const s of this.open) s.destroy();
+  }
+
+  get away(): boolean {
+    return this.away_;
+  }
+
+  close(): void {
+    this.server.close();
   }
 }
