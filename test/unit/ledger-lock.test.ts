@@ -59,25 +59,32 @@ describe('the ledger directory lock', () => {
 
   test('many instances taking over one stale lock at the same moment: exactly one gets it (found in review: two could, each removing the other\'s fresh lock)', async () => {
     const lockModule = join(__dirname, '..', '..', 'src', 'ledger', 'lock.ts');
-    for (let round = 0; round < 5; round++) {
+    for (let round = 0; round < 4; round++) {
       const dir = tmp();
       writeFileSync(join(dir, '.lock'), JSON.stringify({ pid: deadPid(), host: hostname(), token: 'old' }));
-      const go = Date.now() + 700; // every process tries at this instant
+      const go = Date.now() + 1500; // every process tries at this instant (loading takes a while)
+      // Each says what it got, then holds on (alive, so its lock is not stale) until told to end.
       const script = `
         const { DirLock } = require(${JSON.stringify(lockModule)});
         while (Date.now() < ${go});
         let got = false;
         try { DirLock.acquire(${JSON.stringify(dir)}); got = true; } catch {}
         process.stdout.write(got ? 'got' : 'refused');
-        setTimeout(() => {}, 500); // held a moment, as a starting gateway would
+        process.stdin.on('end', () => process.exit(0)).resume();
       `;
-      const outcomes = await Promise.all(Array.from({ length: 8 }, () => new Promise<string>((resolve) => {
-        const child = spawn(process.execPath, ['--import', 'tsx', '-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
-        let out = '';
-        child.stdout.on('data', (d: Buffer) => { out += d.toString(); });
-        child.on('exit', () => resolve(out));
-      })));
-      assert.equal(outcomes.filter((o) => o === 'got').length, 1, `round ${round}: ${outcomes.join(' ')}`);
+      const children = Array.from({ length: 8 }, () => spawn(process.execPath, ['--import', 'tsx', '-e', script], { stdio: ['pipe', 'pipe', 'inherit'] }));
+      try {
+        const outcomes = await Promise.all(children.map((child) => new Promise<string>((resolve) => {
+          child.stdout.once('data', (d: Buffer) => resolve(d.toString()));
+          child.once('exit', () => resolve('exited'));
+        })));
+        assert.equal(outcomes.filter((o) => o === 'got').length, 1, `round ${round}: ${outcomes.join(' ')}`);
+      } finally {
+        await Promise.all(children.map((child) => new Promise((resolve) => {
+          child.once('exit', resolve);
+          child.stdin!.end();
+        })));
+      }
     }
   });
 });
