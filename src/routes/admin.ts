@@ -218,7 +218,9 @@ export function registerAdminRoutes(router: Router<RouteHost>): void {
         const id = match[1]!;
         if (!gw.config.accounts.has(id)) return sendError(ctx, res, 'not_found', gw.done, { message: `No account "${id}".` });
         withBody(gw, ctx, req, res, ['amountUsd', 'note'], async (body) => {
-          const account = gw.directory.accounts.get(id)!;
+          // Looked up again: a reload may have removed it while the body arrived.
+          const account = gw.directory.accounts.get(id);
+          if (account === undefined) throw new GatewayError('not_found', { message: `No account "${id}".` });
           if (!account.prepaid) throw bad('account', 'Credits apply to prepaid accounts only.');
           const amount = parseUsd(body.amountUsd);
           if (typeof amount === 'string' || amount <= 0) throw bad('amountUsd', '"amountUsd" must be an amount above 0.');

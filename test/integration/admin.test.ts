@@ -128,6 +128,30 @@ describe('admin API', () => {
     }
   });
 
+  test('a credit whose account a reload removes while its body is still arriving: 404, not a 500 (found in review)', async () => {
+    const withX = (extra: boolean) => testConfig(extra ? { accounts: { ...(testConfig().accounts as object), acct_x: { plan: 'pro', balanceUsd: 1 } } } : {});
+    const gw = await startGateway(withX(true), { adminKey: ADMIN });
+    const { connect } = await import('node:net');
+    const s = connect(Number(new URL(gw.url).port), '127.0.0.1');
+    try {
+      await new Promise((r) => s.once('connect', r));
+      let text = '';
+      s.on('data', (d: Buffer) => { text += d.toString(); });
+      const body = JSON.stringify({ amountUsd: 5 });
+      s.write(`POST /admin/v1/accounts/acct_x/credits HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${ADMIN}\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\nConnection: close\r\n\r\n${body.slice(0, 5)}`);
+      await new Promise((r) => setTimeout(r, 50));
+      const file = validateConfig(withX(false), { baseDir: '/', env: {} });
+      assert.ok(file.ok);
+      assert.deepEqual(await gw.gateway.reload(file.config), []);
+      s.end(body.slice(5));
+      await new Promise((r) => s.once('close', r));
+      assert.match(text, /^HTTP\/1\.1 404 /);
+    } finally {
+      s.destroy();
+      await gw.close();
+    }
+  });
+
   test('plans and accounts: created or replaced, applied to the next request with counters kept; admin calls are not counted', async () => {
     const gw = await startGateway(testConfig(), { adminKey: ADMIN });
     const admin = api(gw, ADMIN);
