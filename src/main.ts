@@ -129,8 +129,12 @@ async function start(options: StartOptions): Promise<void> {
       return logger.error('config reload rejected; keeping the running config', { problems: next.errors });
     }
     const loaded = next.config;
-    const restartOnly = (['server', 'limiter', 'ledger'] as const)
-      .filter((section) => JSON.stringify(loaded[section]) !== JSON.stringify(gateway.config[section]));
+    // Against what the process started with (the running server, limiter, ledger and logger),
+    // not the last reload: a change not yet in effect is named at every reload.
+    const restartOnly = [
+      ...(['limiter', 'ledger'] as const).filter((section) => JSON.stringify(loaded[section]) !== JSON.stringify(config[section])),
+      ...RESTART_SERVER_FIELDS.filter((f) => JSON.stringify(loaded.server[f]) !== JSON.stringify(config.server[f])).map((f) => `server.${f}`),
+    ];
     // Applied in turn with admin changes (one queue); the young generation is held until the
     // new config is built.
     gateway.reload(loaded).then((problems) => {
@@ -216,6 +220,9 @@ async function importLedger(args: string[]): Promise<void> {
   process.stderr.write(`imported ${done.imported} entries from ${dir} into PostgreSQL (schema "${ledger.schema}"); ${done.refused} refused\n`);
   if (done.refused > 0) process.exitCode = 1;
 }
+
+/** The `server` fields read once, when the server and its logger are made: changed, they apply at the next start. */
+const RESTART_SERVER_FIELDS = ['host', 'port', 'requestTimeoutMs', 'headersTimeoutMs', 'maxConnections', 'logLevel', 'logBufferBytes'] as const;
 
 function main(argv: string[]): void {
   const [command, ...rest] = argv;

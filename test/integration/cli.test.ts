@@ -116,9 +116,15 @@ describe('CLI', () => {
       assert.equal(await models('sk-carol'), 200);
       assert.equal(await models('sk-alice'), 401, 'a removed key stops working at once');
       assert.doesNotMatch(gw.stdout(), /apply only after a restart/);
+      // maxBodyBytes is read per request: no warning. maxConnections is set on the server once: named, at every reload until a restart.
       (next as { server?: unknown }).server = { ...(testConfig() as { server: object }).server, maxBodyBytes: 1000 };
       writeFileSync(file, JSON.stringify(next));
-      await hup(/changes to these sections apply only after a restart","sections":\["server"\]/);
+      await hup(/config reloaded(.|\n)*config reloaded/);
+      assert.doesNotMatch(gw.stdout(), /apply only after a restart/);
+      (next as { server?: unknown }).server = { ...(testConfig() as { server: object }).server, maxBodyBytes: 1000, maxConnections: 77 };
+      writeFileSync(file, JSON.stringify(next));
+      await hup(/changes to these sections apply only after a restart","sections":\["server.maxConnections"\]/);
+      await hup(/(apply only after a restart(.|\n)*){2}/); // and again at the next reload
       writeFileSync(file, '{"plans": 3}');
       await hup(/config reload rejected/);
       assert.equal(await models('sk-carol'), 200);
