@@ -173,8 +173,10 @@ export async function startGateway(
       clearTimeout(forced);
       // Calls cut at the deadline are charged when their answers close, just after their
       // connections, and with a remote limiter once their settlements answer: the ledger must
-      // take those charges before it closes.
-      const until = Date.now() + 2000;
+      // take those charges before it closes (a settlement fails at the limiter's own deadline
+      // at the latest, and is then recorded all the same).
+      const limiterMs = gateway.config.limiter.store === 'redis' ? gateway.config.limiter.timeoutMs : 0;
+      const until = Date.now() + Math.max(2000, limiterMs + 500);
       while ((gateway.inFlight > 0 || gateway.settling > 0) && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
     } else {
       const until = Date.now() + drainTimeoutMs;

@@ -76,6 +76,8 @@ export function cutStalledReaders(server: Server, idleMs: () => number, logger: 
         }
       }
       if (cut > 0) logger.warn('cut connections whose clients read nothing', { connections: cut, idle_ms: 2 * ms });
+    } catch {
+      // Nothing here may take the server down (a logger that throws, say): the next sweep tries again.
     } finally {
       timer = setTimeout(sweep, Math.max(100, Math.min(30_000, Math.floor(ms / 4))));
       timer.unref();

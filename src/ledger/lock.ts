@@ -127,7 +127,9 @@ function takeOver(dir: string, path: string, judged: Holder | null, staleMs: num
       unlinkSync(path);
     } catch { /* gone already */ }
   } finally {
-    rmdirSync(guard);
+    try {
+      rmdirSync(guard);
+    } catch { /* removed as stale by another taker: the create decides */ }
   }
 }
 
