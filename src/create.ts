@@ -171,17 +171,15 @@ export async function startGateway(
         s.closeIdleConnections();
       });
       clearTimeout(forced);
-      // Calls cut at the deadline are charged when their answers close, just after their
-      // connections, and with a remote limiter once their settlements answer: the ledger must
-      // take those charges before it closes (a settlement fails at the limiter's own deadline
-      // at the latest, and is then recorded all the same).
-      const limiterMs = gateway.config.limiter.store === 'redis' ? gateway.config.limiter.timeoutMs : 0;
-      const until = Date.now() + Math.max(2000, limiterMs + 500);
-      while ((gateway.inFlight > 0 || gateway.settling > 0) && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
-    } else {
-      const until = Date.now() + drainTimeoutMs;
-      while ((gateway.inFlight > 0 || gateway.settling > 0) && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
     }
+    // Calls cut at the deadline are charged when their answers close, just after their
+    // connections, and with a remote limiter once their settlements answer: the ledger must
+    // take those charges before it closes (a settlement fails at the limiter's own deadline at
+    // the latest, and is then recorded all the same). Embedded without a server: the whole
+    // drain timeout for the calls themselves.
+    const limiterMs = gateway.config.limiter.store === 'redis' ? gateway.config.limiter.timeoutMs : 0;
+    const until = Date.now() + (server !== null ? Math.max(2000, limiterMs + 500) : drainTimeoutMs);
+    while ((gateway.inFlight > 0 || gateway.settling > 0) && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
     await gateway.admin.close();
     await gateway.ledger.close();
     await gateway.limiter.close();
