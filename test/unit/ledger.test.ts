@@ -25,6 +25,16 @@ const credit = (accountId: string, micro: number, at = T0): LedgerEntry => charg
 const tmp = () => mkdtempSync(join(tmpdir(), 'mg-ledger-'));
 const quiet = new Logger(() => {});
 
+/** A closed file ledger of five charges in one segment: its directory, that segment, and its size. */
+async function fiveCharges(): Promise<{ dir: string; segment: string; goodSize: number }> {
+  const dir = tmp();
+  const ledger = await FileLedger.open(dir, { logger: quiet });
+  for (let i = 0; i < 5; i++) await ledger.append(charge('a', 1));
+  await ledger.close();
+  const segment = join(dir, readdirSync(dir).find((f) => f.endsWith('.log'))!);
+  return { dir, segment, goodSize: statSync(segment).size };
+}
+
 /** A closed file ledger (segments of 1,500 bytes) of account a: a credit of 10,000, then `n` charges of 10 on its balance. */
 async function prepaidHistory(n: number): Promise<string> {
   const dir = tmp();
@@ -280,12 +290,7 @@ describe('file ledger', () => {
   });
 
   test('a torn last record is cut off with a warning; damage elsewhere stops the start naming file and offset', async () => {
-    const dir = tmp();
-    const ledger = await FileLedger.open(dir, { logger: quiet });
-    for (let i = 0; i < 5; i++) await ledger.append(charge('a', 1));
-    await ledger.close();
-    const segment = join(dir, readdirSync(dir).find((f) => f.endsWith('.log'))!);
-    const goodSize = statSync(segment).size;
+    const { dir, segment, goodSize } = await fiveCharges();
     appendFileSync(segment, encodeRecord(charge('a', 99)).slice(0, 30)); // a crash mid-write
     const warnings: string[] = [];
     const reopened = await FileLedger.open(dir, { logger: new Logger((t) => warnings.push(t)) });
@@ -310,12 +315,7 @@ describe('file ledger', () => {
   });
 
   test('a power loss during the last write: a hole of zeros inside it, later records of the same write after it: the ledger opens, cuts them off and logs each (found in review: it refused to start)', async () => {
-    const dir = tmp();
-    const ledger = await FileLedger.open(dir, { logger: quiet });
-    for (let i = 0; i < 5; i++) await ledger.append(charge('a', 1));
-    await ledger.close();
-    const segment = join(dir, readdirSync(dir).find((f) => f.endsWith('.log'))!);
-    const goodSize = statSync(segment).size;
+    const { dir, segment, goodSize } = await fiveCharges();
     // The last batch, six records, with a disk block never written: zeros from the block's start
     // (the file's next 512-byte boundary) to the end of the record it falls in.
     const records = [10, 20, 30, 40, 50, 60].map((n) => encodeRecord(charge('a', n)));
