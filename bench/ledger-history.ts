@@ -126,7 +126,7 @@ async function main(): Promise<void> {
       process.stdout.write(`generating ${fmtInt(flags.records)} records in ${dir}\n`);
       const first = await FileLedger.open(dir);
       await first.append({
-        id: 'le_light', type: 'credit', accountId: 'acct_light', keyId: null, amountMicro: 1_000_000, balanceAfterMicro: 1_000_000,
+        id: 'le_light', type: 'credit', accountId: 'acct_light', keyId: null, amountMicro: 1_000_000, balanceAfterMicro: 1_000_000, balanceUnknown: false,
         createdAt: Date.now() - 31 * 86_400_000, requestId: null, model: null, inputTokens: 0, outputTokens: 0, estimated: false, note: null,
         idempotencyKey: null, deployment: null,
       });

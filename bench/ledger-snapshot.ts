@@ -24,7 +24,7 @@ runMain('ledger-snapshot.ts', async () => {
   const T0 = Date.UTC(2026, 0, 1);
   for (let i = 0; i < flags.cells; i++) {
     book.apply({
-      id: `t${i}`, type: 'charge', accountId: `acct_${i % 2000}`, keyId: 'k1', amountMicro: -5, balanceAfterMicro: null,
+      id: `t${i}`, type: 'charge', accountId: `acct_${i % 2000}`, keyId: 'k1', amountMicro: -5, balanceAfterMicro: null, balanceUnknown: false,
       createdAt: T0 + Math.floor(i / 2000) * 86_400_000, requestId: `r${i}`, model: 'm1', inputTokens: 10, outputTokens: 5,
       estimated: false, note: null, idempotencyKey: null, deployment: 'p',
     } satisfies LedgerEntry);

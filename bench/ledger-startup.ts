@@ -90,7 +90,7 @@ export class History {
       this.balances[i]! += INITIAL_CREDIT_MICRO;
       return {
         id: `le_${i.toString(36).padStart(10, '0')}`, type: 'credit', accountId: accountId(i), keyId: null, amountMicro: INITIAL_CREDIT_MICRO,
-        balanceAfterMicro: this.balances[i]!, createdAt: this.start, requestId: null, model: null, inputTokens: 0, outputTokens: 0,
+        balanceAfterMicro: this.balances[i]!, balanceUnknown: false, createdAt: this.start, requestId: null, model: null, inputTokens: 0, outputTokens: 0,
         estimated: false, note: 'initial balance', idempotencyKey: null, deployment: null,
       };
     }
@@ -103,7 +103,7 @@ export class History {
     this.balances[a]! -= cost;
     return {
       id: `le_${i.toString(36).padStart(10, '0')}`, type: 'charge', accountId: accountId(a), keyId: keyId(a, this.random() < 0.7 ? 0 : 1),
-      amountMicro: -cost, balanceAfterMicro: this.balances[a]!,
+      amountMicro: -cost, balanceAfterMicro: this.balances[a]!, balanceUnknown: false,
       createdAt: this.start + Math.floor(Math.min(1, (i - n) / Math.max(1, this.flags.records - n)) * this.spanMs), // top-ups: now
       requestId: `req_${i.toString(36).padStart(10, '0')}`, model: m.id, inputTokens, outputTokens, estimated: this.random() < 0.001, note: null, idempotencyKey: null, deployment: 'mock',
     };

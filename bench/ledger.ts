@@ -220,7 +220,7 @@ const isClean = (r: LoadResult) => r.requests > 0 && r.badBodies === 0 && r.erro
 export function sampleEntry(i: number, accountId: string, createdAt: number, balanceAfterMicro: number | null): LedgerEntry {
   return {
     id: `le_${i.toString(36).padStart(10, '0')}`, type: 'charge', accountId, keyId: 'key_bench', amountMicro: -7,
-    balanceAfterMicro, createdAt, requestId: `req_${i.toString(36).padStart(8, '0')}`, model: 'paid',
+    balanceAfterMicro, balanceUnknown: false, createdAt, requestId: `req_${i.toString(36).padStart(8, '0')}`, model: 'paid',
     inputTokens: 6, outputTokens: 5, estimated: false, note: null, idempotencyKey: null, deployment: 'mock',
   };
 }

@@ -260,9 +260,9 @@ export class BilledCall implements Exchange {
     }
     gw.metrics.charge(this.model.id, usage.inputTokens + usage.cacheReadTokens + usage.cacheWriteTokens, usage.outputTokens, cost);
     // Every call is recorded: billable ones as charges (billing history), free ones as usage only.
-    const write = (balanceAfterMicro: number | null) => gw.record(callEntry({
+    const write = (balanceAfterMicro: number | null, balanceUnknown = false) => gw.record(callEntry({
       accountId: this.ticket.accountId, keyId: this.ctx.key!.id, requestId: this.ctx.id, model: this.model.id, deployment: this.model.provider.id, billable: this.model.billable,
-      costMicro: cost, balanceAfterMicro, usage, estimated, at: gw.clock.now(),
+      costMicro: cost, balanceAfterMicro, balanceUnknown, usage, estimated, at: gw.clock.now(),
     }));
     if (!(settlement instanceof Promise)) return write(settlement.balanceAfterMicro);
     // Counted until recorded: a call already over (its slot given back) may still be waiting
@@ -275,7 +275,9 @@ export class BilledCall implements Exchange {
     }, (err: unknown) => {
       gw.settling--;
       gw.logger.error('settlement not confirmed by the limiter; recorded in the ledger (a Redis limiter sends it again)', { request_id: this.ctx.id, error: String(err) });
-      return write(null);
+      // Its balance after is not known, but a prepaid charge is taken from the balance all the
+      // same: the ledger's books (which a shared store's money is rebuilt from) must count it.
+      return write(null, this.ticket.prepaid && cost > 0);
     });
   }
 

@@ -10,12 +10,12 @@ import type { Usage } from '../money.js';
 /** A model call: a `charge` of a priced model, or a `usage` entry of a free one. */
 export function callEntry(call: {
   accountId: string; keyId: string; requestId: string; model: string; deployment: string; billable: boolean; costMicro: number;
-  balanceAfterMicro: number | null; usage: Usage; estimated: boolean; at: number;
+  balanceAfterMicro: number | null; balanceUnknown: boolean; usage: Usage; estimated: boolean; at: number;
 }): LedgerEntry {
   const u = call.usage;
   return {
     id: newEntryId(), type: call.billable ? 'charge' : 'usage', accountId: call.accountId, keyId: call.keyId, amountMicro: -call.costMicro,
-    balanceAfterMicro: call.balanceAfterMicro, createdAt: call.at, requestId: call.requestId, model: call.model,
+    balanceAfterMicro: call.balanceAfterMicro, balanceUnknown: call.balanceUnknown, createdAt: call.at, requestId: call.requestId, model: call.model,
     inputTokens: u.inputTokens + u.cacheReadTokens + u.cacheWriteTokens, outputTokens: u.outputTokens, estimated: call.estimated,
     note: null, idempotencyKey: null, deployment: call.deployment,
   };
@@ -28,7 +28,7 @@ export function creditEntry(credit: {
 }): LedgerEntry {
   return {
     id: newEntryId(), type: 'credit', accountId: credit.accountId, keyId: null, amountMicro: credit.amountMicro,
-    balanceAfterMicro: credit.balanceAfterMicro, createdAt: credit.at, requestId: credit.requestId, model: null,
+    balanceAfterMicro: credit.balanceAfterMicro, balanceUnknown: false, createdAt: credit.at, requestId: credit.requestId, model: null,
     inputTokens: 0, outputTokens: 0, estimated: false, note: credit.note, idempotencyKey: credit.idempotencyKey, deployment: null,
   };
 }

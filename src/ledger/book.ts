@@ -22,6 +22,15 @@ export function dayString(day: number): string {
 }
 
 /** Adds an entry to its account's totals: the balance, the latest day's spend, whether it was credited. */
+/**
+ * Whether an entry moves the prepaid balance: a credit, or a charge made to a prepaid balance
+ * (it has a balance after it, or one not known). A postpaid account's spend is invoiced, not
+ * taken from a later prepaid balance. The PostgreSQL ledger's balances apply the same rule.
+ */
+export function countsInBalance(e: LedgerEntry): boolean {
+  return e.type === 'credit' || e.balanceAfterMicro !== null || e.balanceUnknown;
+}
+
 export function addToTotals(totals: Map<string, AccountTotals>, e: LedgerEntry): void {
   const day = Math.floor(e.createdAt / DAY_MS);
   let t = totals.get(e.accountId);
@@ -29,10 +38,8 @@ export function addToTotals(totals: Map<string, AccountTotals>, e: LedgerEntry):
     t = { balanceMicro: 0, day, spentMicro: 0, credited: false };
     totals.set(e.accountId, t);
   }
-  // The prepaid balance: a charge has a balance after it only when it was charged to one
-  // (a postpaid account's spend is invoiced, not taken from a later prepaid balance).
   // Saturating, as the limiters do: a total past 2^53 would be refused at the next start.
-  if (e.type === 'credit' || e.balanceAfterMicro !== null) t.balanceMicro = addMicro(t.balanceMicro, e.amountMicro);
+  if (countsInBalance(e)) t.balanceMicro = addMicro(t.balanceMicro, e.amountMicro);
   if (e.type === 'credit') {
     t.credited = true;
     return;

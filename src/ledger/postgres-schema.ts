@@ -54,6 +54,9 @@ export const MIGRATIONS: ReadonlyArray<(s: string) => string> = [
       version bigint NOT NULL,
       state text NOT NULL
     );`,
+  // A prepaid charge whose balance after it is not known (its Redis settlement was not
+  // confirmed) still counts in the balance. Adding a column with a constant default is instant.
+  (s) => `ALTER TABLE ${s}.entries ADD COLUMN balance_unknown boolean NOT NULL DEFAULT false;`,
 ];
 
 /**

@@ -92,7 +92,7 @@ const RETRYABLE = new Set(['40P01', '40001']);
 const REFUSED = /^2[23]/;
 const noop = (): void => {};
 
-const COLUMNS = 'seq, id, type, account_id, key_id, amount_micro, balance_after_micro, created_at, request_id, model, deployment, input_tokens, output_tokens, estimated, note, idempotency_key';
+const COLUMNS = 'seq, id, type, account_id, key_id, amount_micro, balance_after_micro, balance_unknown, created_at, request_id, model, deployment, input_tokens, output_tokens, estimated, note, idempotency_key';
 
 /**
  * The ledger of a fleet: every instance writes the same PostgreSQL tables (CONTRACT section 11,
@@ -137,11 +137,11 @@ export class PostgresLedger implements Ledger {
     this.appendSql = `
       WITH ins AS (
         INSERT INTO ${this.t.entries} (id, type, account_id, key_id, amount_micro, balance_after_micro, created_at, request_id, model,
-          deployment, input_tokens, output_tokens, estimated, note, idempotency_key)
+          deployment, input_tokens, output_tokens, estimated, note, idempotency_key, balance_unknown)
         SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[],
-          $9::text[], $10::text[], $11::bigint[], $12::bigint[], $13::boolean[], $14::text[], $15::text[])
+          $9::text[], $10::text[], $11::bigint[], $12::bigint[], $13::boolean[], $14::text[], $15::text[], $16::boolean[])
         ON CONFLICT DO NOTHING
-        RETURNING id, type, account_id, key_id, amount_micro, balance_after_micro, created_at, model, input_tokens, output_tokens
+        RETURNING id, type, account_id, key_id, amount_micro, balance_after_micro, balance_unknown, created_at, model, input_tokens, output_tokens
       ), used AS (
         INSERT INTO ${this.t.usage} AS u (account_id, day, model, key_id, requests, input_tokens, output_tokens, cost_micro)
         SELECT account_id, (created_at / ${DAY_MS})::int, coalesce(model, ''), coalesce(key_id, ''), count(*), sum(input_tokens),
@@ -152,7 +152,7 @@ export class PostgresLedger implements Ledger {
           cost_micro = u.cost_micro + excluded.cost_micro
       ), money AS (
         INSERT INTO ${this.t.balances} AS b (account_id, balance_micro, credited)
-        SELECT account_id, sum(CASE WHEN type = 'credit' OR balance_after_micro IS NOT NULL THEN amount_micro ELSE 0 END),
+        SELECT account_id, sum(CASE WHEN type = 'credit' OR balance_after_micro IS NOT NULL OR balance_unknown THEN amount_micro ELSE 0 END),
           bool_or(type = 'credit')
         FROM ins GROUP BY account_id ORDER BY account_id
         ON CONFLICT (account_id) DO UPDATE SET balance_micro = b.balance_micro + excluded.balance_micro, credited = b.credited OR excluded.credited
@@ -328,13 +328,13 @@ export class PostgresLedger implements Ledger {
    * the same rollup rows never deadlock.
    */
   private async insert(batch: Pending[]): Promise<Set<string>> {
-    const cols: unknown[][] = Array.from({ length: 15 }, () => []);
+    const cols: unknown[][] = Array.from({ length: 16 }, () => []);
     for (const { entry: e } of batch) {
       const values = [
         e.id, e.type, e.accountId, e.keyId, e.amountMicro, e.balanceAfterMicro, e.createdAt, e.requestId, e.model, e.deployment,
-        e.inputTokens, e.outputTokens, e.estimated, e.note, e.idempotencyKey,
+        e.inputTokens, e.outputTokens, e.estimated, e.note, e.idempotencyKey, e.balanceUnknown,
       ];
-      for (let i = 0; i < 15; i++) cols[i]!.push(values[i]);
+      for (let i = 0; i < 16; i++) cols[i]!.push(values[i]);
     }
     // A named statement: each connection parses and plans it once. Deadlocks and serialisation
     // failures did nothing: the statement is sent again.
@@ -459,6 +459,7 @@ function entryOf(r: Row): LedgerEntry {
   return {
     id: String(r.id), type: r.type as LedgerEntry['type'], accountId: String(r.account_id), keyId: text(r.key_id),
     amountMicro: num(r.amount_micro), balanceAfterMicro: r.balance_after_micro === null ? null : num(r.balance_after_micro),
+    balanceUnknown: r.balance_unknown === true,
     createdAt: num(r.created_at), requestId: text(r.request_id), model: text(r.model), inputTokens: num(r.input_tokens),
     outputTokens: num(r.output_tokens), estimated: r.estimated === true, note: text(r.note), idempotencyKey: text(r.idempotency_key),
     deployment: text(r.deployment),

@@ -20,6 +20,7 @@ export function encodeRecord(e: LedgerEntry, prev?: Position | null): string {
   };
   if (e.idempotencyKey !== null) record.x = e.idempotencyKey; // credits only: charges stay as short as before
   if (e.deployment !== null) record.d = e.deployment;
+  if (e.balanceUnknown) record.u = 1;
   if (prev !== undefined) record.p = prev;
   const json = JSON.stringify(record);
   return `${crc32(json).toString(16).padStart(8, '0')} ${json}\n`;
@@ -28,7 +29,7 @@ export function encodeRecord(e: LedgerEntry, prev?: Position | null): string {
 interface Short {
   i: string; t: LedgerEntry['type']; a: string; k: string | null; m: number; b: number | null; c: number;
   r: string | null; o: string | null; in: number; out: number; e: number; n: string | null; x?: string; d?: string;
-  p?: Position | null;
+  u?: 1; p?: Position | null;
 }
 
 export interface Decoded {
@@ -54,7 +55,7 @@ export function decodeRecord(line: string): Decoded | null {
   if (s.p !== undefined && s.p !== null && !isPosition(s.p)) return null;
   return {
     entry: {
-      id: s.i, type: s.t, accountId: s.a, keyId: s.k, amountMicro: s.m, balanceAfterMicro: s.b, createdAt: s.c,
+      id: s.i, type: s.t, accountId: s.a, keyId: s.k, amountMicro: s.m, balanceAfterMicro: s.b, balanceUnknown: s.u === 1, createdAt: s.c,
       requestId: s.r, model: s.o, inputTokens: s.in, outputTokens: s.out, estimated: s.e === 1, note: s.n,
       idempotencyKey: s.x ?? null, deployment: s.d ?? null,
     },

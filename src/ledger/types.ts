@@ -8,8 +8,13 @@ export interface LedgerEntry {
   readonly accountId: string;
   readonly keyId: string | null;
   readonly amountMicro: number;
-  /** Balance after this entry; null for a postpaid account. */
+  /** Balance after this entry; null for a postpaid account, or when it is not known (below). */
   readonly balanceAfterMicro: number | null;
+  /**
+   * A prepaid charge whose balance after it is not known: the limiter's store did not confirm
+   * its settlement (a Redis limiter sends it again). It is taken from the balance all the same.
+   */
+  readonly balanceUnknown: boolean;
   /** Epoch milliseconds. */
   readonly createdAt: number;
   readonly requestId: string | null;

@@ -43,6 +43,8 @@ export interface Ticket {
   readonly ok: true;
   readonly accountId: string;
   readonly reservedMicro: number;
+  /** Admitted as prepaid: its charge is taken from the balance. */
+  readonly prepaid: boolean;
 }
 
 export type Decision = Ticket | Rejection;

@@ -20,9 +20,9 @@ describe('fault: Redis killed during settlement', { skip: hasRedis ? false : 're
     await limiter.whenReady(3000);
     gw = await startGateway(testConfig({
       plans: { p: { rpm: 100_000, concurrency: 50 } },
-      // Postpaid: a Redis restarted without persistence forgets balances (README; rebuilt from a shared ledger in a later issue).
-      accounts: { acct_s: { plan: 'p' } },
-      keys: { key_s: { account: 'acct_s', key: 'sk-s' } },
+      // Postpaid: a Redis restarted without persistence forgets balances (README: rebuilt only from a shared ledger).
+      accounts: { acct_s: { plan: 'p' }, acct_pre: { plan: 'p', balanceUsd: 10 } },
+      keys: { key_s: { account: 'acct_s', key: 'sk-s' }, key_pre: { account: 'acct_pre', key: 'sk-pre' } },
       // Streams of 40 tokens at 100 tokens/s: 0.4 s each, long enough to kill Redis under them.
       models: { paid: { provider: 'paced', price: { inputPerMillion: 1, outputPerMillion: 1 } } },
       providers: { paced: { protocol: 'mock', tokensPerSecond: 100 } },
@@ -39,6 +39,27 @@ describe('fault: Redis killed during settlement', { skip: hasRedis ? false : 're
     await res.text();
     return res.status;
   };
+
+  // First: a Redis killed below forgets the balance (no shared ledger here to rebuild it from).
+  test('prepaid: a charge whose settlement Redis did not confirm is still taken from the balance in the ledger, which agrees with Redis once it is sent again (found in review: recorded without a balance, a rebuild from the ledger missed it)', async () => {
+    const account = { id: 'acct_pre', rpm: null, concurrency: null, dailyCapMicro: null, prepaid: true };
+    const calls = Array.from({ length: 3 }, async () => {
+      const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-pre', chatBody('paid', 'a'.repeat(160), { stream: true }));
+      await res.text().catch(() => '');
+    });
+    await until(() => gw.gateway.inFlight === 3, 5000, 'three streams running');
+    server.pause();
+    await Promise.all(calls);
+    await until(() => gw.gateway.inFlight === 0, 10_000, 'every call over');
+    server.resume();
+    const charges = entriesOf(gw, 'acct_pre').filter((e) => e.type === 'charge');
+    assert.equal(charges.length, 3);
+    assert.ok(charges.some((e) => e.balanceUnknown && e.balanceAfterMicro === null), 'a settlement Redis did not confirm (it was frozen)');
+    const spent = charges.reduce((sum, e) => sum - e.amountMicro, 0);
+    assert.equal(gw.gateway.ledger.totals().get('acct_pre')!.balanceMicro, 10_000_000 - spent, 'the ledger takes every charge from the balance');
+    await until(async () => (await limiter.snapshot(account).catch(() => null))?.inFlight === 0, 10_000, 'the settlements sent again, the slots given back');
+    assert.equal((await limiter.snapshot(account)).balanceMicro, 10_000_000 - spent, 'Redis agrees');
+  });
 
   for (const how of ['killed', 'frozen'] as const) {
     test(`Redis ${how} under 10 streams: each ends, each whole answer is charged once, then service resumes`, async () => {

@@ -116,10 +116,10 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
   });
 
   test('with a shared ledger, Redis losing its data under an owed settlement: rebuilt from the ledger, which holds the call, and not charged again (found in review)', async () => {
-    // The ledger's books: 10,000 credited; once the call is recorded, 700 spent today (its
-    // balance not taken: recorded without a balance after it).
+    // The ledger's books: 10,000 credited; once the call is recorded, 700 spent today and taken
+    // from the balance (recorded without a balance after it, but marked as taken from it).
     let spent = 0;
-    const money = async (): Promise<LedgerMoney> => ({ balanceMicro: 10_000, day: Math.floor(Date.now() / 86_400_000), spentMicro: spent, credited: true, creditIds: [] });
+    const money = async (): Promise<LedgerMoney> => ({ balanceMicro: 10_000 - spent, day: Math.floor(Date.now() / 86_400_000), spentMicro: spent, credited: true, creditIds: [] });
     const shared = new RedisLimiter({ url: relay.url, prefix: 'lost-pg:', timeoutMs: 200, leaseMs: 1500, money });
     const direct = createClient({ url: server.url });
     await direct.connect();
@@ -148,6 +148,7 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
       await new Promise((r) => setTimeout(r, 1100));
       const s = await shared.snapshot(acct);
       assert.equal(s.spentTodayMicro, COST, 'spent once: the ledger\'s');
+      assert.equal(s.balanceMicro, 10_000 - COST, 'taken from the balance once: the ledger\'s');
       assert.equal(s.reservedMicro, 0);
     } finally {
       await direct.quit();

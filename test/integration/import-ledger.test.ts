@@ -23,7 +23,7 @@ let n = 0;
 function entry(accountId: string, micro: number, at: number, extra: Partial<LedgerEntry> = {}): LedgerEntry {
   n++;
   return {
-    id: `txn_i${n}`, type: 'charge', accountId, keyId: 'k1', amountMicro: -micro, balanceAfterMicro: null, createdAt: at,
+    id: `txn_i${n}`, type: 'charge', accountId, keyId: 'k1', amountMicro: -micro, balanceAfterMicro: null, balanceUnknown: false, createdAt: at,
     requestId: `req_i${n}`, model: 'm1', inputTokens: 10, outputTokens: 5, estimated: false, note: null, idempotencyKey: null, deployment: 'p1', ...extra,
   };
 }

@@ -19,7 +19,7 @@ test('regression: an old-style cursor reads nothing of a journal that has back p
   const ledger = await FileLedger.open(dir, { maxSegmentBytes: 1000, logger: new Logger(() => {}) });
   let n = 0;
   const charge = (accountId: string): LedgerEntry => ({
-    id: `t${++n}`, type: 'charge', accountId, keyId: 'k', amountMicro: -1, balanceAfterMicro: null, createdAt: Date.now(),
+    id: `t${++n}`, type: 'charge', accountId, keyId: 'k', amountMicro: -1, balanceAfterMicro: null, balanceUnknown: false, createdAt: Date.now(),
     requestId: `r${n}`, model: 'm', inputTokens: 1, outputTokens: 1, estimated: false, note: null, idempotencyKey: null, deployment: null,
   });
   for (let i = 0; i < 60; i++) await ledger.append(charge(i % 2 === 0 ? 'a' : 'b'));

@@ -19,7 +19,7 @@ let n = 0;
 function entry(accountId: string, micro: number, extra: Partial<LedgerEntry> = {}): LedgerEntry {
   n++;
   return {
-    id: `txn_c${n}`, type: 'charge', accountId, keyId: 'k1', amountMicro: -micro, balanceAfterMicro: null, createdAt: T0,
+    id: `txn_c${n}`, type: 'charge', accountId, keyId: 'k1', amountMicro: -micro, balanceAfterMicro: null, balanceUnknown: false, createdAt: T0,
     requestId: `req_c${n}`, model: 'm1', inputTokens: 10, outputTokens: 5, estimated: false, note: null, idempotencyKey: null,
     deployment: 'p1', ...extra,
   };
@@ -100,7 +100,7 @@ for (const store of stores()) {
           ? entry(account, -(1000 + i), { type: 'credit', model: null, keyId: null, deployment: null, requestId: null, balanceAfterMicro: 5000, createdAt: T0 + day * DAY_MS })
           : entry(account, kind < 0.2 ? 0 : 1 + Math.floor(r() * 500), {
             type: kind < 0.2 ? 'usage' : 'charge', createdAt: T0 + day * DAY_MS + i, model: r() < 0.5 ? 'm1' : 'm2', keyId: r() < 0.5 ? 'k1' : 'k2',
-            balanceAfterMicro: r() < 0.5 ? 1000 : null,
+            ...(r() < 0.5 ? { balanceAfterMicro: 1000 } : { balanceAfterMicro: null, balanceUnknown: r() < 0.3 }),
           });
         entries.push(e);
       }
@@ -143,7 +143,7 @@ for (const store of stores()) {
         type: 'credit', model: null, keyId: null, deployment: null, balanceAfterMicro: 7_000_000, note: 'top-up', idempotencyKey: 'idem-1', requestId: 'req_admin',
         createdAt: Date.now(), // recent: given again to a shared limiter at start
       });
-      const call = entry('c', 1234, { estimated: true, deployment: 'anthropic-b', inputTokens: 123_456_789, outputTokens: 42 });
+      const call = entry('c', 1234, { estimated: true, deployment: 'anthropic-b', inputTokens: 123_456_789, outputTokens: 42, balanceUnknown: true });
       await ledger.append(credit);
       await ledger.append(call);
       assert.deepEqual(await ledger.creditByKey('c', 'idem-1'), credit);
@@ -195,11 +195,25 @@ describe('postgres ledger', { skip: noPostgres }, () => {
     assert.match(logs.join(''), /refused an entry/);
   });
 
+  test('a schema of version 1 (entries written before `balance_unknown`) is migrated: its entries read as known balances', async () => {
+    const schema = freshSchema();
+    schemas.push(schema);
+    await (await openPostgres({ url: PG_URL, schema, logger: quiet })).close();
+    sql(`DELETE FROM "${schema}".schema_version WHERE version = 2; ALTER TABLE "${schema}".entries DROP COLUMN balance_unknown`);
+    sql(`INSERT INTO "${schema}".entries (id, type, account_id, amount_micro, balance_after_micro, created_at, input_tokens, output_tokens, estimated)
+      VALUES ('txn_old', 'charge', 'v1', -5, 95, ${T0}, 1, 1, false)`);
+    const ledger = await openPostgres({ url: PG_URL, schema, logger: quiet });
+    const [old] = (await ledger.history('v1', 10, null)).entries;
+    assert.equal(old!.balanceUnknown, false);
+    assert.equal(old!.balanceAfterMicro, 95);
+    await ledger.close();
+  });
+
   test('instances starting at once create the schema once (advisory lock); a newer schema is refused', async () => {
     const schema = freshSchema();
     schemas.push(schema);
     const ledgers = await Promise.all([1, 2, 3, 4].map(() => openPostgres({ url: PG_URL, schema, logger: quiet })));
-    assert.equal(sql(`SELECT string_agg(version::text, ',') FROM "${schema}".schema_version`), '1');
+    assert.equal(sql(`SELECT string_agg(version::text, ',' ORDER BY version) FROM "${schema}".schema_version`), '1,2');
     await Promise.all(ledgers.map((l) => l.close()));
     sql(`INSERT INTO "${schema}".schema_version (version) VALUES (99)`);
     await assert.rejects(openPostgres({ url: PG_URL, schema, logger: quiet }), /version 99, newer than this gateway knows/);

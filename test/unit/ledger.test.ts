@@ -17,7 +17,7 @@ let n = 0;
 function charge(accountId: string, micro: number, at = T0, extra: Partial<LedgerEntry> = {}): LedgerEntry {
   n++;
   return {
-    id: `txn_${n}`, type: 'charge', accountId, keyId: 'k1', amountMicro: -micro, balanceAfterMicro: null, createdAt: at,
+    id: `txn_${n}`, type: 'charge', accountId, keyId: 'k1', amountMicro: -micro, balanceAfterMicro: null, balanceUnknown: false, createdAt: at,
     requestId: `req_${n}`, model: 'm1', inputTokens: 10, outputTokens: 5, estimated: false, note: null, idempotencyKey: null, deployment: 'p1', ...extra,
   };
 }
