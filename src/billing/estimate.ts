@@ -6,9 +6,9 @@ import { MAX_TOKENS } from '../money.js';
  * provider's final usage. It counts everything the providers bill as input, not only the
  * last message: every key and value under the request's input fields (system prompt,
  * messages with their tool calls and tool results, tool definitions, response formats,
- * Responses `input` and `instructions`), 4 characters to a token, and a fixed number of
- * tokens per image and per document, file or audio part (their base64 bytes say little about
- * what they cost).
+ * Responses `input`, `instructions` and a stored prompt's `variables`), 4 characters to a
+ * token, and a fixed number of tokens per image and per document, file or audio part for its
+ * bytes (base64 says little about what they cost); the rest of such a part counts as text.
  */
 
 /** An image: about what Anthropic bills for a 1.15-megapixel image, above OpenAI's high-detail tiles. */
@@ -21,23 +21,41 @@ export const DOCUMENT_TOKENS = 3_000;
  */
 export const MAX_DEPTH = 128;
 
-const INPUT_FIELDS = new Set(['system', 'messages', 'tools', 'functions', 'tool_choice', 'response_format', 'input', 'instructions', 'text']);
+const INPUT_FIELDS = new Set(['system', 'messages', 'tools', 'functions', 'tool_choice', 'response_format', 'input', 'instructions', 'text', 'prompt']);
 const IMAGE_TYPES = new Set(['image', 'image_url', 'input_image']);
 const DOCUMENT_TYPES = new Set(['document', 'file', 'input_file', 'input_audio', 'audio']);
+/**
+ * The keys of an image or document part that hold its bytes (or a reference to them): the only
+ * ones its fixed figure stands for. Its other keys (a document's `title` and `context`, say) are
+ * text the provider bills, and count.
+ */
+const PAYLOAD_KEYS = new Set(['source', 'image_url', 'input_audio', 'file', 'file_data', 'file_url', 'file_id', 'data', 'url']);
+/**
+ * Free-form JSON the provider bills as text, whatever it holds: a tool call's input, and the
+ * JSON schemas of tools and response formats. A `type` inside it says nothing of media.
+ */
+const FREE_FORM_KEYS = new Set(['input_schema', 'parameters', 'schema']);
+const TOOL_CALL_TYPES = new Set(['tool_use', 'server_tool_use', 'mcp_tool_use']);
+
+/** How a value is walked: not counted (depth only), counted as content (with media parts), or all as text. */
+const SKIP = 0;
+const CONTENT = 1;
+const TEXT = 2;
+type Mode = typeof SKIP | typeof CONTENT | typeof TEXT;
 
 /** Input tokens a request body is estimated to bill (at most MAX_TOKENS), or null when it nests deeper than MAX_DEPTH. */
 export function estimateInputTokens(body: Record<string, unknown>): number | null {
   chars = 0;
   media = 0;
   for (const key in body) {
-    if (!walk(body[key], 1, INPUT_FIELDS.has(key))) return null;
+    if (!walk(body[key], 1, INPUT_FIELDS.has(key) ? CONTENT : SKIP)) return null;
   }
   return Math.min(MAX_TOKENS, Math.ceil(chars / 4) + media);
 }
 
 /** Whether a value nests deeper than MAX_DEPTH (found without recursing past it). */
 export function nestsTooDeep(value: unknown): boolean {
-  return !walk(value, 1, false);
+  return !walk(value, 1, SKIP);
 }
 
 // The walk's tallies (it runs synchronously, one body at a time).
@@ -45,38 +63,47 @@ let chars = 0;
 let media = 0;
 
 /**
- * Adds a value's characters (when `counts`) and checks its depth; false when it nests deeper
+ * Adds a value's characters (unless SKIP) and checks its depth; false when it nests deeper
  * than MAX_DEPTH. Recursive, but never deeper than MAX_DEPTH frames: the depth is checked
  * before descending, so no body can overflow the stack (a parsed body can nest a million deep).
  * `for...in` over a parsed body sees only its own keys (JSON.parse makes plain objects).
  */
-function walk(value: unknown, depth: number, counts: boolean): boolean {
+function walk(value: unknown, depth: number, mode: Mode): boolean {
   if (typeof value === 'string') {
-    if (counts) chars += value.length;
+    if (mode !== SKIP) chars += value.length;
     return true;
   }
   if (value === null || typeof value !== 'object') {
-    if (counts && value !== undefined) chars += 4; // a number or a boolean: one token (embeddings take token ids)
+    if (mode !== SKIP && value !== undefined) chars += 4; // a number or a boolean: one token (embeddings take token ids)
     return true;
   }
   if (depth >= MAX_DEPTH) return false;
   if (Array.isArray(value)) {
-    for (let i = 0; i < value.length; i++) if (!walk(value[i], depth + 1, counts)) return false;
+    for (let i = 0; i < value.length; i++) if (!walk(value[i], depth + 1, mode)) return false;
     return true;
   }
   const o = value as Record<string, unknown>;
-  if (counts && typeof o.type === 'string') {
+  let part = false; // an image or document part: its bytes count its fixed figure, not their characters
+  let toolCall = false;
+  if (mode === CONTENT && typeof o.type === 'string') {
     if (IMAGE_TYPES.has(o.type)) {
       media += IMAGE_TOKENS;
-      counts = false; // its bytes are not text; still walked for depth
+      part = true;
     } else if (DOCUMENT_TYPES.has(o.type) && !textSource(o.source)) {
       media += DOCUMENT_TOKENS;
-      counts = false;
+      part = true;
+    } else {
+      toolCall = TOOL_CALL_TYPES.has(o.type);
     }
   }
   for (const key in o) {
-    if (counts) chars += key.length;
-    if (!walk(o[key], depth + 1, counts)) return false;
+    let m = mode;
+    if (mode === CONTENT) {
+      if (part && PAYLOAD_KEYS.has(key)) m = SKIP; // still walked for depth
+      else if (FREE_FORM_KEYS.has(key) || (toolCall && key === 'input')) m = TEXT;
+    }
+    if (mode !== SKIP) chars += key.length;
+    if (!walk(o[key], depth + 1, m)) return false;
   }
   return true;
 }

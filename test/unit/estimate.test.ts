@@ -16,21 +16,49 @@ describe('the input estimate', () => {
     assert.equal(estimateInputTokens({ tools: [{ name: 'lookup' }] }), chars('name'.length + 'lookup'.length));
   });
 
-  test('images and documents count a fixed number of tokens; a text document counts its text', () => {
+  test('images and documents count a fixed number of tokens for their bytes; a text document counts its text', () => {
     const image = { type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'A'.repeat(100_000) } };
-    assert.equal(estimateInputTokens({ messages: [{ role: 'user', content: [image, image] }] }), chars('role'.length + 'user'.length + 'content'.length) + 2 * IMAGE_TOKENS);
+    // Per image, only "type" + "image" + "source" (15 characters) besides its fixed figure.
+    assert.equal(estimateInputTokens({ messages: [{ role: 'user', content: [image, image] }] }), chars('role'.length + 'user'.length + 'content'.length + 30) + 2 * IMAGE_TOKENS);
     const pdf = { type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: 'B'.repeat(100_000) } };
     const text = { type: 'document', source: { type: 'text', media_type: 'text/plain', data: 't'.repeat(4000) } };
     const withPdf = estimateInputTokens({ messages: [{ role: 'user', content: [pdf] }] })!;
     const withText = estimateInputTokens({ messages: [{ role: 'user', content: [text] }] })!;
-    assert.equal(withPdf, chars(15) + DOCUMENT_TOKENS);
+    assert.equal(withPdf, chars(15 + 'typedocumentsource'.length) + DOCUMENT_TOKENS);
     assert.ok(withText > 1000 && withText < 1100, `a text document counts as its text: ${withText}`);
     for (const type of ['image_url', 'input_image']) {
-      assert.equal(estimateInputTokens({ input: [{ type, image_url: 'https://example.com/a.png' }] }), IMAGE_TOKENS);
+      assert.equal(estimateInputTokens({ input: [{ type, image_url: 'https://example.com/a.png' }] }), chars(`type${type}image_url`.length) + IMAGE_TOKENS);
     }
     for (const type of ['file', 'input_file', 'input_audio']) {
-      assert.equal(estimateInputTokens({ input: [{ type, file_data: 'Z'.repeat(9999) }] }), DOCUMENT_TOKENS);
+      assert.equal(estimateInputTokens({ input: [{ type, file_data: 'Z'.repeat(9999) }] }), chars(`type${type}file_data`.length) + DOCUMENT_TOKENS);
     }
+    assert.equal(estimateInputTokens({ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: `data:image/png;base64,${'A'.repeat(9999)}`, detail: 'high' } }] }] }),
+      chars('roleusercontenttypeimage_urlimage_url'.length) + IMAGE_TOKENS, 'a chat image part: its url is its bytes');
+  });
+
+  test('only a media part\'s bytes are not counted as text: its other text, a tool call\'s input and JSON schemas count whatever `type` they hold (found in review: a `type` of "image" hid everything under it)', () => {
+    const big = 'x'.repeat(400_000); // 100,000 tokens
+    const at = (body: Record<string, unknown>) => estimateInputTokens(body)!;
+    // A document's context and title are text the provider bills.
+    const doc = { type: 'document', source: { type: 'base64', media_type: 'application/pdf', data: 'JVBERi0=' }, context: big, title: 't' };
+    assert.ok(at({ messages: [{ role: 'user', content: [doc] }] }) > 100_000);
+    // A tool call's input is free-form JSON, billed as text, even one that says it is an image.
+    const toolUse = { type: 'tool_use', id: 't1', name: 'f', input: { type: 'image', source: { type: 'base64', data: big } } };
+    assert.ok(at({ messages: [{ role: 'assistant', content: [toolUse] }] }) > 100_000);
+    const server = { type: 'server_tool_use', id: 't2', name: 'web_search', input: { type: 'image', note: big } };
+    assert.ok(at({ messages: [{ role: 'assistant', content: [server] }] }) > 100_000);
+    // JSON schemas of tools and response formats.
+    assert.ok(at({ tools: [{ name: 'f', input_schema: { type: 'image', data: big } }] }) > 100_000);
+    assert.ok(at({ tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'image_url', image_url: big } } }] }) > 100_000);
+    assert.ok(at({ response_format: { type: 'json_schema', json_schema: { name: 'r', schema: { type: 'file', file_data: big } } } }) > 100_000);
+    assert.ok(at({ text: { format: { type: 'json_schema', name: 'r', schema: { type: 'input_file', file_data: big } } } }) > 100_000);
+    // A Responses call's stored prompt: its variables travel in the request.
+    assert.ok(at({ prompt: { id: 'pmpt_1', variables: { x: big } } }) > 100_000);
+    assert.equal(at({ prompt: { id: 'pmpt_1', variables: { img: { type: 'input_image', image_url: big } } } }),
+      chars('idpmpt_1variablesimgtypeinput_imageimage_url'.length) + IMAGE_TOKENS, 'an image variable is an image');
+    // Images inside a tool result are still images.
+    const result = { type: 'tool_result', tool_use_id: 't1', content: [{ type: 'image', source: { type: 'base64', data: big } }] };
+    assert.ok(at({ messages: [{ role: 'user', content: [result] }] }) < IMAGE_TOKENS + 100);
   });
 
   test('embeddings: token ids count one token each', () => {
