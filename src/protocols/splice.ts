@@ -6,9 +6,10 @@
  * (strings are skipped with indexOf, nested values by counting their brackets).
  *
  * The text must already have parsed as a JSON object. Anything unusual makes the splice
- * decline (null), and the caller serialises as before: a key written with escapes, or the
- * key present twice (JSON.parse keeps the last, a provider's parser may keep the first, so the
- * client could otherwise steer which model the provider runs).
+ * decline (null), and the caller serialises as before: a key written with escapes, or any
+ * top-level key present twice (JSON.parse keeps the last, a provider's parser may keep the
+ * first, so the client could otherwise steer which model the provider runs, or send it an
+ * output limit or messages other than those checked and reserved for).
  */
 
 const QUOTE = 34;
@@ -69,10 +70,12 @@ function valueEnd(text: string, i: number): number {
 
 /**
  * `text` with the value of its top-level `key` replaced by `json` (already serialised), or null
- * when the key is not written there exactly once, plainly.
+ * when the key is not written there exactly once, plainly, or another top-level key is written
+ * twice.
  */
 export function replaceTopLevel(text: string, key: string, json: string): string | null {
   const quoted = `"${key}"`;
+  keys.length = 0;
   let i = skipSpace(text, 0);
   if (text.charCodeAt(i) !== OPEN_BRACE) return null;
   i = skipSpace(text, i + 1);
@@ -86,6 +89,13 @@ export function replaceTopLevel(text: string, key: string, json: string): string
     // A key with an escape might spell `key` some other way: decline rather than decode.
     for (let k = i + 1; k < keyEnd - 1; k++) if (text.charCodeAt(k) === BACKSLASH) return null;
     const isKey = keyEnd - i === quoted.length && text.startsWith(quoted, i);
+    if (!isKey) {
+      // A real body has a few dozen top-level keys at most: a linear search costs less than a
+      // Set, and a body with more is serialised instead (so no body makes the search quadratic).
+      const name = text.slice(i, keyEnd);
+      if (keys.length === MAX_KEYS || keys.includes(name)) return null;
+      keys.push(name);
+    }
     i = skipSpace(text, keyEnd);
     if (text.charCodeAt(i) !== COLON) return null;
     i = skipSpace(text, i + 1);
@@ -105,6 +115,10 @@ export function replaceTopLevel(text: string, key: string, json: string): string
   if (start < 0) return null;
   return text.slice(0, start) + json + text.slice(end);
 }
+
+/** The top-level keys seen so far by replaceTopLevel (it runs synchronously, one body at a time). */
+const keys: string[] = [];
+const MAX_KEYS = 64;
 
 /**
  * `text` (a JSON object) with `"key": json` added as its first member. Only for a key the

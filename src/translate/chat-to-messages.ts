@@ -191,6 +191,8 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
   let usage: Record<string, unknown> = {};
   let tools = -1;
   const toolOf = new Map<unknown, number>();
+  /** Tool blocks (by block index) whose input has had some text: one with none gets "{}", as a whole answer does. */
+  const withArguments = new Set<unknown>();
   let done = false;
   // A chunk's text is what JSON.stringify of the whole chunk gives, with the part before its
   // delta built once per id: a stream is mostly chunks of one short delta each.
@@ -242,9 +244,18 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
         if (delta.type === 'text_delta' && typeof delta.text === 'string') return chunk({ content: delta.text });
         if (delta.type === 'input_json_delta' && typeof delta.partial_json === 'string' && delta.partial_json !== '') {
           const index = toolOf.get(msg.index);
-          return index === undefined ? '' : chunk({ tool_calls: [{ index, function: { arguments: delta.partial_json } }] });
+          if (index === undefined) return '';
+          withArguments.add(msg.index);
+          return chunk({ tool_calls: [{ index, function: { arguments: delta.partial_json } }] });
         }
         return ''; // thinking and signatures: chat has no place for them
+      }
+      case 'content_block_stop': {
+        // A tool called with no input: its arguments are "{}" (JSON a client can parse), not "".
+        const index = toolOf.get(msg.index);
+        if (index === undefined || withArguments.has(msg.index)) return '';
+        withArguments.add(msg.index);
+        return chunk({ tool_calls: [{ index, function: { arguments: '{}' } }] });
       }
       case 'message_delta': {
         if (isObj(msg.usage)) usage = { ...usage, ...msg.usage };
@@ -259,7 +270,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
         return dataEvent({ error: { message: typeof error.message === 'string' ? error.message : 'The provider reported an error.', type: error.type ?? 'api_error', code: null } });
       }
       default:
-        return ''; // ping, content_block_stop
+        return ''; // ping
     }
   };
 }

@@ -267,7 +267,9 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
     let out = start(chunk.id);
     if (isObj(chunk.usage)) usage = messagesUsage(chunk.usage);
     const choice = Array.isArray(chunk.choices) && isObj(chunk.choices[0]) ? chunk.choices[0] : null;
-    if (choice === null) return isObj(chunk.usage) ? out + finish() : out; // the usage chunk comes last
+    // The usage chunk comes last but one: the closing events wait for [DONE] (or the stream's
+    // end), the provider's final event, which the call settles its charge before relaying.
+    if (choice === null) return out;
     const delta = isObj(choice.delta) ? choice.delta : {};
     const piece = typeof delta.content === 'string' && delta.content !== '' ? delta.content : typeof delta.refusal === 'string' && delta.refusal !== '' ? delta.refusal : null;
     if (piece !== null) {

@@ -184,6 +184,30 @@ describe('translation through the official SDKs', () => {
     await until(() => accessLog(gw).some((l) => l.dropped === 'thinking'), 2000, 'the log line naming what was dropped');
   });
 
+  test('Anthropic messages streamed on an OpenAI model whose provider pauses between its usage chunk and [DONE]: message_stop comes after the charge (found in review: it came with the usage chunk, before the call settled)', async () => {
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write('data: {"id":"c1","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]}\n\n');
+      res.write('data: {"id":"c1","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":3}}\n\n');
+      // The provider's final event comes a moment later: the answer's last events must wait for it.
+      setTimeout(() => res.end('data: [DONE]\n\n'), 300);
+    });
+    const before = entriesOf(gw, 'acct_t').length;
+    const res = await postJson(`${gw.url}/v1/messages`, 'sk-translate', { model: 'gpt-t', max_tokens: 50, stream: true, messages: [{ role: 'user', content: 'hi' }] });
+    assert.equal(res.status, 200);
+    const decoder = new TextDecoder();
+    let text = '';
+    let chargedAtStop: number | null = null;
+    for await (const chunk of res.body!) {
+      text += decoder.decode(chunk as Uint8Array, { stream: true });
+      if (chargedAtStop === null && text.includes('event: message_stop')) chargedAtStop = entriesOf(gw, 'acct_t').length - before;
+    }
+    assert.equal(chargedAtStop, 1, 'charged when message_stop reached the client');
+    assert.match(text, /"usage":\{"input_tokens":10,"output_tokens":3/);
+    // 10 x $1 + 3 x $2 per million.
+    assert.deepEqual([lastCharge().amountMicro, lastCharge().estimated], [-16, false]);
+  });
+
   test('openai responses on an Anthropic model: plain with a tool round trip, and streamed from the recorded stream; charged exactly', async () => {
     up.queue.push((_req, res) => json(res, 200, {
       id: 'msg_r1', type: 'message', role: 'assistant', stop_reason: 'tool_use',

@@ -163,6 +163,27 @@ describe('chat client -> Anthropic provider', () => {
     }
   });
 
+  test('stream: a tool called with no input gets arguments "{}", as a whole answer does (found in review: "", which JSON.parse refuses)', () => {
+    const body = { model: 'gw-model', messages: [{ role: 'user', content: 'x' }], stream: true };
+    const t = chatToMessages.stream(translation(chatToMessages, body));
+    const out = [
+      'event: message_start\ndata: {"type":"message_start","message":{"id":"m1","usage":{"input_tokens":5,"output_tokens":0}}}\n\n',
+      'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"now","input":{}}}\n\n',
+      'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":""}}\n\n',
+      'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n',
+      'event: content_block_start\ndata: {"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_2","name":"add","input":{}}}\n\n',
+      'event: content_block_delta\ndata: {"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\\"a\\":1}"}}\n\n',
+      'event: content_block_stop\ndata: {"type":"content_block_stop","index":1}\n\n',
+      'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":9}}\n\n',
+      'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+    ].map((e) => t(e)).join('') + t(null);
+    const args = ['', ''];
+    for (const c of json(out)) {
+      for (const tc of ((c.choices as Array<{ delta: { tool_calls?: Array<{ index: number; function: { arguments: string } }> } }>)[0]?.delta.tool_calls ?? [])) args[tc.index] += tc.function.arguments;
+    }
+    assert.deepEqual(args.map((a) => JSON.parse(a)), [{}, { a: 1 }]);
+  });
+
   test('stream: no usage chunk unless the client asked; a provider error mid-stream is an error chunk', () => {
     const body = { model: 'gw-model', messages: [{ role: 'user', content: 'x' }], stream: true };
     const bytes = readFileSync(join(FIXTURES, 'anthropic-thinking-tool-use.sse'));
@@ -291,6 +312,14 @@ describe('Anthropic client -> OpenAI provider', () => {
     const ended = messagesToChat.stream(translation(messagesToChat, body));
     const closed = ended('data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]}\n\n') + ended(null);
     assert.deepEqual(json(closed).map((e) => e.type), ['message_start', 'content_block_start', 'content_block_delta', 'content_block_stop', 'message_delta', 'message_stop']);
+    // The usage chunk comes before [DONE], the provider's final event: the closing events wait for it.
+    const paused = messagesToChat.stream(translation(messagesToChat, body));
+    const beforeDone = paused('data: {"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":"stop"}]}\n\n')
+      + paused('data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1}}\n\n');
+    assert.deepEqual(json(beforeDone).map((e) => e.type), ['message_start', 'content_block_start', 'content_block_delta']);
+    const atDone = json(paused('data: [DONE]\n\n') + paused(null));
+    assert.deepEqual(atDone.map((e) => e.type), ['content_block_stop', 'message_delta', 'message_stop']);
+    assert.deepEqual((atDone[1]!.usage as Record<string, number>).output_tokens, 1);
     const cut = messagesToChat.stream(translation(messagesToChat, body));
     cut('data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n');
     assert.throws(() => cut(null), StreamEnded);
