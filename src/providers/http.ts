@@ -14,6 +14,13 @@ import type { CountRequest, Exchange, Provider } from './types.js';
 
 /** The most of a provider's non-streamed answer the gateway will hold to meter it (an embeddings batch can be tens of MB). */
 export const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
+/**
+ * The largest answer the gateway parses whole: JSON can take twenty times its size in heap, so
+ * a few calls of 64 MiB answers built to be expensive (`[{},{},...]`) would exhaust it. A larger
+ * answer whose usage cannot be read from its bytes is charged as an estimate, its output counted
+ * as its length; a translated one cannot be translated.
+ */
+export const MAX_PARSED_ANSWER_BYTES = 8 * 1024 * 1024;
 /** The longest stream event the gateway will hold to look at it, in characters (a provider over it is cut). */
 export const MAX_EVENT_CHARS = 8 * 1024 * 1024;
 /** The most of a provider's error body read for its message. */
@@ -388,7 +395,9 @@ export class HttpProvider implements Provider {
         const found = usageField(answer);
         const wire = WIRES[ex.endpoint];
         let usage = found === undefined ? null : wire.usage({ usage: found });
-        if (usage === null) {
+        if (usage === null && answer.length > MAX_PARSED_ANSWER_BYTES) {
+          ex.noteOutput(answer.length); // charged as an estimate, not parsed (found in review: heap)
+        } else if (usage === null) {
           let json: unknown;
           try {
             json = JSON.parse(answer.toString('utf8'));

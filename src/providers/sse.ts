@@ -129,6 +129,12 @@ export function eventData(event: string): string | null {
 
 /** Parses handed on and not yet taken, at most (beyond it they are dropped and parsed again). */
 const MAX_PENDING = 256;
+/**
+ * Characters of data whose readings are kept at most, together: a translation that stopped
+ * taking them (its answer is over, the provider's stream is not) must not make a call hold
+ * every event it is sent. A larger event's reading is not kept: it is parsed again if taken.
+ */
+const MAX_KEPT_CHARS = 256 * 1024;
 
 /**
  * One call's event data, read once for two readers: the stream's metering watcher reads each
@@ -148,14 +154,17 @@ export class ParsedEvents {
   private readonly values: unknown[] = [];
   private count = 0;
   private next = 0;
+  private chars = 0;
 
   /** `read(data)` (throws as it does), kept for `take`. */
   parse(data: string, read: (data: string) => unknown = JSON.parse, key = data): unknown {
     const value = read(data);
-    if (this.count >= MAX_PENDING) this.clear();
+    if (data.length > MAX_KEPT_CHARS) return value;
+    if (this.count >= MAX_PENDING || this.chars + data.length > MAX_KEPT_CHARS) this.clear();
     this.keys[this.count] = key;
     this.values[this.count] = value;
     this.count++;
+    this.chars += data.length;
     return value;
   }
 
@@ -180,7 +189,13 @@ export class ParsedEvents {
   }
 
   private clear(): void {
+    // The slots are emptied, so the readings dropped can be collected (usually one slot).
+    for (let i = 0; i < this.count; i++) {
+      this.keys[i] = '';
+      this.values[i] = undefined;
+    }
     this.count = 0;
     this.next = 0;
+    this.chars = 0;
   }
 }

@@ -2,6 +2,7 @@ import type { Endpoint } from '../protocols/types.js';
 import type { Usage } from '../money.js';
 import type { Exchange } from '../providers/types.js';
 import { WrappedExchange } from '../providers/wrapped-exchange.js';
+import { MAX_PARSED_ANSWER_BYTES } from '../providers/http.js';
 import { ParsedEvents } from '../providers/sse.js';
 import { StreamEnded } from './common.js';
 import type { TranslatedRequest, Translation, Translator } from './types.js';
@@ -66,6 +67,9 @@ export class TranslatedCall extends WrappedExchange {
       }
       this.inner.end(`${chunk === undefined ? '' : chunk.toString()}${tail}`);
       return;
+    }
+    if (chunk !== undefined && chunk.length > MAX_PARSED_ANSWER_BYTES) {
+      return this.inner.fail('upstream_error', { message: 'The provider\'s answer is too large to translate.' });
     }
     let body: string;
     try {

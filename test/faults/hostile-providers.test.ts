@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, beforeEach, describe, test } from 'node:test';
 import { gzipSync } from 'node:zlib';
 import type { LedgerEntry } from '../../src/ledger/types.js';
-import { MAX_ANSWER_BYTES, MAX_EVENT_CHARS } from '../../src/providers/http.js';
+import { MAX_ANSWER_BYTES, MAX_EVENT_CHARS, MAX_PARSED_ANSWER_BYTES } from '../../src/providers/http.js';
 import { FakeUpstream, json } from '../helpers/fake-upstream.js';
 import { chatBody, entriesOf, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
@@ -98,6 +98,22 @@ describe('fault: hostile providers', () => {
     assert.ok(sent <= MAX_ANSWER_BYTES + 32 * 1024 * 1024, `read ${sent} bytes`);
     assert.equal(entriesOf(gw, 'acct_p').length, count + 1);
     assert.equal(last(gw)!.estimated, true);
+    await stillServes();
+  });
+
+  test('an answer over the parse bound with no usage (9 MB of `{}`s, about 200 MB of heap once parsed) is relayed unparsed, charged an estimate from its length (found in review)', async () => {
+    const body = `{"id":"x","choices":[${'{},'.repeat(3 * 1024 * 1024)}{}]}`;
+    assert.ok(body.length > MAX_PARSED_ANSWER_BYTES);
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(body);
+    });
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-p', chatBody('bad'));
+    assert.equal(res.status, 200);
+    assert.equal((await res.text()).length, body.length, 'relayed whole');
+    const charge = last(gw)!;
+    assert.equal(charge.estimated, true);
+    assert.equal(charge.outputTokens, Math.ceil(body.length / 4), 'its output counted as its length');
     await stillServes();
   });
 

@@ -193,6 +193,18 @@ test('ParsedEvents: the watcher parses, the translation takes the same parse in 
   // Parses never taken are dropped past a bound, not kept for ever.
   for (let i = 0; i < 10_000; i++) events.parse(`{"i":${i}}`);
   assert.ok(((events as unknown as { keys: string[] }).keys).length <= 256);
+  // Nor large ones: a translation whose answer is over stops taking, while the provider may go
+  // on sending events of megabytes (found in review: 180 MB of heap kept per 8 MB event, up to
+  // 256 of them). What is held stays under a bound, and what is dropped is let go.
+  const held = (p: ParsedEvents) => (p as unknown as { values: unknown[] }).values.filter((v) => v !== undefined).length;
+  const huge = new ParsedEvents();
+  const big = JSON.stringify({ type: 'ping', p: 'x'.repeat(300 * 1024) });
+  const bigValue = huge.parse(big);
+  assert.equal(held(huge), 0, 'an event over the bound is not kept');
+  assert.notEqual(huge.take(big), bigValue, 'so a translation taking it parses it again');
+  const medium = JSON.stringify({ type: 'ping', p: 'y'.repeat(60 * 1024) });
+  for (let i = 0; i < 50; i++) huge.parse(medium);
+  assert.ok(held(huge) <= 4, `at most 256 KiB of events held: ${held(huge)}`);
   // Kept under the whole event when one is given: found by it, and only by it.
   const keyed = new ParsedEvents();
   const event = `event: x\ndata: ${datas[1]}\n\n`;
