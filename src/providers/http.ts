@@ -122,6 +122,8 @@ interface Call {
   end(): void;
   /** A body is now being read: it gets timeoutMs of its own. */
   readingBody(): void;
+  /** Whether the body being read was cut because its timeoutMs passed. */
+  timedOut(): boolean;
 }
 
 type Outcome =
@@ -190,7 +192,13 @@ export class HttpProvider implements Provider {
     }), this.config.timeoutMs);
     request.onAbort(() => finish(() => req.destroy()));
     req.on('error', (err) => finish(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(err)}).` })));
+    let answered = false;
+    // Closed with neither an answer nor an error (a 101 Switching Protocols): failed now, not at the timeout.
+    req.on('close', () => {
+      if (!answered) finish(() => request.fail('upstream_error', { message: 'The provider closed the connection without an answer.' }));
+    });
     req.on('response', (res) => {
+      answered = true;
       readSome(res, MAX_ERROR_BYTES, (answer, complete) => finish(() => {
         const status = res.statusCode ?? 0;
         if (status >= 200 && status < 300 && complete) return request.answer(answer);
@@ -231,6 +239,7 @@ export class HttpProvider implements Provider {
     // a Node timer per call (which costs several µs per request; bench/MORE.md).
     const deadlineAt = performance.now() + this.config.timeoutMs;
     let phase: 'headers' | 'body' | 'over' = 'headers';
+    let bodyTimedOut = false;
     let current: ClientRequest | null = null;
     /** The current attempt's request while it waits for its answer (null between attempts). */
     let pending: ClientRequest | null = null;
@@ -242,6 +251,7 @@ export class HttpProvider implements Provider {
     const watch = new Watch(() => {
       if (waiting !== null) clearTimeout(waiting);
       if (phase === 'headers' && !ex.aborted) ex.noteDelivered(delivered());
+      if (phase === 'body') bodyTimedOut = true;
       current?.destroy(); // a body being read is cut: its reader reports it incomplete
       if (phase !== 'headers' || ex.aborted) return;
       phase = 'over';
@@ -260,6 +270,7 @@ export class HttpProvider implements Provider {
         phase = 'body';
         timeouts.arm(watch);
       },
+      timedOut: () => bodyTimedOut,
     };
     ex.onAbort(() => {
       if (phase === 'headers') ex.noteDelivered(delivered());
@@ -297,13 +308,20 @@ export class HttpProvider implements Provider {
           ex.crash(err);
         }
       });
-      req.on('error', (error) => {
+      const failed = (error: Error) => {
         try {
           settle({ kind: 'error', error });
         } catch (err) {
           call.end();
           ex.crash(err);
         }
+      };
+      req.on('error', failed);
+      // Closed with neither an answer nor an error: a provider that answered 101 Switching
+      // Protocols (Node then closes the socket and says nothing else). Found in review: the
+      // call waited its whole timeoutMs. After an outcome, this does nothing.
+      req.on('close', () => {
+        if (!done) failed(new Error('the provider closed the connection without an answer'));
       });
       req.end(body);
     };
@@ -387,6 +405,10 @@ export class HttpProvider implements Provider {
       readAnswer(ex, res, MAX_ANSWER_BYTES, call, (answer, complete) => {
         if (ex.aborted) return;
         if (!complete) {
+          if (call.timedOut()) {
+            ex.upstreamFailed('timeout');
+            return ex.fail('upstream_timeout', { message: `The provider's answer did not arrive whole within ${this.config.timeoutMs} ms.` });
+          }
           ex.upstreamFailed('cut');
           return ex.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
         }

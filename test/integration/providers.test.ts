@@ -228,7 +228,7 @@ describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
     await garbage.text();
   });
 
-  test('a non-streamed answer whose body stalls after its headers is 502 after timeoutMs, charged an estimate, and its slot returns', async () => {
+  test('a non-streamed answer whose body stalls after its headers is 504 after timeoutMs (was 502: found in review, the provider did not answer in time), charged an estimate, and its slot returns', async () => {
     up.queue.push((_req, r) => {
       r.writeHead(200, { 'content-type': 'application/json', 'content-length': '1000' });
       r.write('{"id":"chatcmpl-stalled",'); // and nothing more
@@ -236,9 +236,9 @@ describe('OpenAI and Anthropic upstreams (fake provider on loopback)', () => {
     const entries = entriesOf(gw, 'acct_a').length;
     const started = Date.now();
     const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody('gpt-x'));
-    assert.equal(res.status, 502);
+    assert.equal(res.status, 504);
     assert.ok(Date.now() - started >= 1400, 'not before timeoutMs (1500 ms)');
-    assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'upstream_error');
+    assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'upstream_timeout');
     // The provider had the request and answered (so it bills): an abnormal end, charged an estimate.
     assert.equal(entriesOf(gw, 'acct_a').length, entries + 1);
     assert.equal(lastCharge().estimated, true);
