@@ -32,9 +32,20 @@ const DOCUMENT_TYPES = new Set(['document', 'file', 'input_file', 'input_audio',
 const PAYLOAD_KEYS = new Set(['source', 'image_url', 'input_audio', 'file', 'file_data', 'file_url', 'file_id', 'data', 'url']);
 /**
  * Free-form JSON the provider bills as text, whatever it holds: a tool call's input, and the
- * JSON schemas of tools and response formats. A `type` inside it says nothing of media.
+ * JSON schemas of tools and response formats. A `type` inside it says nothing of media. (A
+ * switch, not a Set: asked of every key, and a parsed body's keys are internalized strings,
+ * which a switch compares by reference.)
  */
-const FREE_FORM_KEYS = new Set(['input_schema', 'parameters', 'schema']);
+function freeForm(key: string): boolean {
+  switch (key) {
+    case 'input_schema':
+    case 'parameters':
+    case 'schema':
+      return true;
+    default:
+      return false;
+  }
+}
 const TOOL_CALL_TYPES = new Set(['tool_use', 'server_tool_use', 'mcp_tool_use']);
 
 /** How a value is walked: not counted (depth only), counted as content (with media parts), or all as text. */
@@ -100,7 +111,7 @@ function walk(value: unknown, depth: number, mode: Mode): boolean {
     let m = mode;
     if (mode === CONTENT) {
       if (part && PAYLOAD_KEYS.has(key)) m = SKIP; // still walked for depth
-      else if (FREE_FORM_KEYS.has(key) || (toolCall && key === 'input')) m = TEXT;
+      else if (freeForm(key) || (toolCall && key === 'input')) m = TEXT;
     }
     if (mode !== SKIP) chars += key.length;
     if (!walk(o[key], depth + 1, m)) return false;

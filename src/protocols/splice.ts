@@ -75,7 +75,7 @@ function valueEnd(text: string, i: number): number {
  */
 export function replaceTopLevel(text: string, key: string, json: string): string | null {
   const quoted = `"${key}"`;
-  keys.length = 0;
+  keyCount = 0;
   let i = skipSpace(text, 0);
   if (text.charCodeAt(i) !== OPEN_BRACE) return null;
   i = skipSpace(text, i + 1);
@@ -90,11 +90,13 @@ export function replaceTopLevel(text: string, key: string, json: string): string
     for (let k = i + 1; k < keyEnd - 1; k++) if (text.charCodeAt(k) === BACKSLASH) return null;
     const isKey = keyEnd - i === quoted.length && text.startsWith(quoted, i);
     if (!isKey) {
-      // A real body has a few dozen top-level keys at most: a linear search costs less than a
-      // Set, and a body with more is serialised instead (so no body makes the search quadratic).
-      const name = text.slice(i, keyEnd);
-      if (keys.length === MAX_KEYS || keys.includes(name)) return null;
-      keys.push(name);
+      // A real body has a few dozen top-level keys at most: a linear search of where they are
+      // written costs less than a Set of copies, and a body with more is serialised instead
+      // (so no body makes the search quadratic).
+      if (keyCount === MAX_KEYS || seenBefore(text, i, keyEnd)) return null;
+      keys[2 * keyCount] = i;
+      keys[2 * keyCount + 1] = keyEnd;
+      keyCount++;
     }
     i = skipSpace(text, keyEnd);
     if (text.charCodeAt(i) !== COLON) return null;
@@ -116,9 +118,27 @@ export function replaceTopLevel(text: string, key: string, json: string): string
   return text.slice(0, start) + json + text.slice(end);
 }
 
-/** The top-level keys seen so far by replaceTopLevel (it runs synchronously, one body at a time). */
-const keys: string[] = [];
+/**
+ * Where the top-level keys seen so far by replaceTopLevel are written: start and end (quotes
+ * included) of each, in pairs, `keyCount` of them (it runs synchronously, one body at a time;
+ * the array is reused, not emptied: setting an array's length is a call into V8's runtime).
+ */
+const keys: number[] = [];
+let keyCount = 0;
 const MAX_KEYS = 64;
+
+/** Whether the key written at text[start, end) was written before, the same way. */
+function seenBefore(text: string, start: number, end: number): boolean {
+  const length = end - start;
+  for (let k = 0; k < 2 * keyCount; k += 2) {
+    const at = keys[k]!;
+    if (keys[k + 1]! - at !== length) continue;
+    let j = 1; // the quotes match
+    while (j < length - 1 && text.charCodeAt(at + j) === text.charCodeAt(start + j)) j++;
+    if (j === length - 1) return true;
+  }
+  return false;
+}
 
 /**
  * `text` (a JSON object) with `"key": json` added as its first member. Only for a key the

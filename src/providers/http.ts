@@ -1,6 +1,7 @@
 import { request as httpRequest, type Agent as HttpAgent, type IncomingMessage, type ClientRequest } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import { performance } from 'node:perf_hooks';
+import type { Duplex } from 'node:stream';
 import type { ProviderConfig } from '../config/types.js';
 import { upstreamStatusSpec } from '../errors.js';
 import { ConnectionPool } from './pool.js';
@@ -192,13 +193,8 @@ export class HttpProvider implements Provider {
     }), this.config.timeoutMs);
     request.onAbort(() => finish(() => req.destroy()));
     req.on('error', (err) => finish(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(err)}).` })));
-    let answered = false;
-    // Closed with neither an answer nor an error (a 101 Switching Protocols): failed now, not at the timeout.
-    req.on('close', () => {
-      if (!answered) finish(() => request.fail('upstream_error', { message: 'The provider closed the connection without an answer.' }));
-    });
+    req.on('upgrade', upgraded((err) => finish(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(err)}).` }))));
     req.on('response', (res) => {
-      answered = true;
       readSome(res, MAX_ERROR_BYTES, (answer, complete) => finish(() => {
         const status = res.statusCode ?? 0;
         if (status >= 200 && status < 300 && complete) return request.answer(answer);
@@ -317,12 +313,7 @@ export class HttpProvider implements Provider {
         }
       };
       req.on('error', failed);
-      // Closed with neither an answer nor an error: a provider that answered 101 Switching
-      // Protocols (Node then closes the socket and says nothing else). Found in review: the
-      // call waited its whole timeoutMs. After an outcome, this does nothing.
-      req.on('close', () => {
-        if (!done) failed(new Error('the provider closed the connection without an answer'));
-      });
+      req.on('upgrade', upgraded(failed));
       req.end(body);
     };
     attempt(1);
@@ -632,6 +623,19 @@ function providerMessage(text: string): string | null {
   }
   const trimmed = text.trim();
   return trimmed === '' ? null : trimmed.slice(0, 500);
+}
+
+/**
+ * A provider that answers 101 Switching Protocols gives no answer, and without a listener for
+ * it Node closes the connection and says nothing more: the call would wait out its timeoutMs
+ * (found in review). With one (an event name of its own, cheaper to listen to than 'close' on
+ * every call), the connection is closed and the attempt fails at once, like a connection error.
+ */
+function upgraded(failed: (err: Error) => void): (res: IncomingMessage, socket: Duplex) => void {
+  return (_res, socket) => {
+    socket.destroy();
+    failed(new Error('it switched protocols (101) instead of answering'));
+  };
 }
 
 function describe(error: Error): string {
