@@ -22,6 +22,12 @@ const DROPPABLE = ['store', 'include', 'prompt_cache_key', 'client_metadata', 'm
 const NAMESPACED = '\u0000';
 /** A hosted tool's type as the `x-gateway-dropped` header may name it. */
 const TOOL_TYPE = /^[A-Za-z0-9_.-]{1,64}$/;
+/**
+ * Hosted tool types named one by one, at most; the rest are `tools.other`. A request can list
+ * a hundred thousand distinct types: each named would make the header (and the access-log line)
+ * megabytes long, and the check for names already dropped quadratic (found in review).
+ */
+const MAX_NAMED_TOOLS = 8;
 /** Marks the gateway's own `encrypted_content`: an Anthropic thinking block, carried through the client and back. */
 const THINKING = 'mg-thinking-v1:';
 
@@ -117,6 +123,7 @@ function userBlocks(content: unknown, at: string): Block[] {
 /** Function tools (namespaced ones flattened to unique names), and the hosted web search. */
 function tools(body: Record<string, unknown>, out: Record<string, unknown>, names: Map<string, string>, drop: (what: string) => void): void {
   const list: Block[] = [];
+  const hosted = new Set<string>(); // the hosted tool types named so far
   const add = (fn: Record<string, unknown>, at: string, namespace: string | null) => {
     if (typeof fn.name !== 'string') refuse(`${at}.name`, `"${at}.name" must be a string.`);
     const full = namespace === null ? fn.name : `${namespace}__${fn.name}`;
@@ -142,7 +149,11 @@ function tools(body: Record<string, unknown>, out: Record<string, unknown>, name
     } else {
       // A hosted tool Anthropic has no equivalent of: the model simply does not get it. Its
       // name goes into a response header: only a plain name is shown, never the client's bytes.
-      drop(`tools.${typeof t.type === 'string' && TOOL_TYPE.test(t.type) ? t.type : 'other'}`);
+      const type = typeof t.type === 'string' && TOOL_TYPE.test(t.type) ? t.type : 'other';
+      if (hosted.has(type) || hosted.size < MAX_NAMED_TOOLS) {
+        hosted.add(type);
+        drop(`tools.${type}`);
+      } else drop('tools.other');
     }
   });
   if (list.length > 0) out.tools = list;

@@ -51,6 +51,14 @@ describe('fault: hostile requests to a translated model', () => {
     assert.equal((await fetch(`${gw.url}/healthz`)).status, 200);
   });
 
+  test('200,000 distinct hosted tool types: eight are named, the rest are "tools.other" (found in review: each was named, checked against the others, quadratic, into a header of megabytes)', async () => {
+    const tools = Array.from({ length: 200_000 }, (_, i) => ({ type: `t${i}` }));
+    const res = await call('/v1/responses', { input: 'hi', tools: [...tools, { type: 't3' }] });
+    assert.equal(res.status, 200);
+    assert.equal(res.headers.get('x-gateway-dropped'), 'tools.t0, tools.t1, tools.t2, tools.t3, tools.t4, tools.t5, tools.t6, tools.t7, tools.other');
+    await res.text();
+  });
+
   test('a type that is an object (String() of it throws) is refused, not a 500', async () => {
     const odd = { toString: 1 };
     await refused(await call('/v1/responses', { input: [{ role: 'user', content: [{ type: odd }] }] }), 'input[0].content[0]');
