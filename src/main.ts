@@ -79,6 +79,34 @@ function youngGenerationMayGrow(grow: boolean): void {
   setFlagsFromString(`--semi-space-growth-factor=${grow ? 2 : 1}`);
 }
 
+/**
+ * Signals while the gateway starts: SIGHUP is remembered (`reloadAsked`, for the caller to
+ * reload once started), SIGTERM and SIGINT stop the start (exit 0: nothing was served).
+ * `done()` hands the signals over to the caller's handlers.
+ */
+function startupSignals(logger: Logger): { done(): void; readonly reloadAsked: boolean } {
+  const state = {
+    reloadAsked: false,
+    done() {
+      process.off('SIGHUP', hup);
+      process.off('SIGTERM', stop);
+      process.off('SIGINT', stop);
+    },
+  };
+  const hup = () => {
+    state.reloadAsked = true;
+    logger.info('SIGHUP during start-up: the config is reloaded once started');
+  };
+  const stop = (signal: NodeJS.Signals) => {
+    logger.info('stopped during start-up', { signal });
+    process.exit(0); // the exit handler flushes the log
+  };
+  process.on('SIGHUP', hup);
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+  return state;
+}
+
 async function start(options: StartOptions): Promise<void> {
   // Log lines go to file descriptor 1 from the thread pool (src/log-output.ts). process.stdout
   // is created only for what it does to a pipe: it makes the pipe non-blocking, so a pool thread
@@ -94,6 +122,7 @@ async function start(options: StartOptions): Promise<void> {
   let config: GatewayConfig;
   let logger: Logger;
   let embedded: EmbeddedGateway;
+  let early: ReturnType<typeof startupSignals>;
   try {
     const result = demo ? validateConfig(demoConfig(), { baseDir: process.cwd(), env: process.env }) : loadConfigFile(file);
     config = report(result, demo ? '(embedded demo)' : file);
@@ -101,8 +130,13 @@ async function start(options: StartOptions): Promise<void> {
     const atExit = logger;
     process.on('exit', () => atExit.flushSync());
     if (result.ok) for (const warning of result.warnings) logger.warn(warning);
+    // Start-up can take seconds (Redis, a PostgreSQL migration waiting its turn): a signal then
+    // must not take the default action (SIGHUP would kill the process). A reload waits for the
+    // gateway; a stop has nothing to drain yet, and exits at once.
+    early = startupSignals(logger);
     try {
       embedded = await startGateway(config, { logger, ...(adminKey ? { adminKey } : {}) });
+      early.done();
     } catch (err) {
       fail(err instanceof LedgerCorruptError || err instanceof LedgerLockedError ? `ledger.dir: ${err.message}` : (err as Error).message);
     }
@@ -114,7 +148,7 @@ async function start(options: StartOptions): Promise<void> {
   const gateway = embedded.gateway;
   if (adminKey) logger.info('admin API enabled', { path: '/admin/v1/', kept_in: gateway.admin.where });
   // Signals are handled before the "listening" line: a supervisor may signal the moment it reads it.
-  process.on('SIGHUP', () => {
+  const reload = () => {
     if (demo) return logger.warn('SIGHUP ignored: the demo configuration has no file to reload');
     youngGenerationMayGrow(false);
     let next: ValidateResult;
@@ -146,7 +180,9 @@ async function start(options: StartOptions): Promise<void> {
       youngGenerationMayGrow(true);
       logger.error('config reload failed; keeping the running config', { error: String(err) });
     });
-  });
+  };
+  process.on('SIGHUP', reload);
+  if (early.reloadAsked) reload();
   let stopping = false;
   const drain = (signal: string) => {
     if (stopping) return;

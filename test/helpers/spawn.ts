@@ -11,8 +11,11 @@ export interface Spawned {
 }
 
 /** Spawns a gateway-like process and resolves once it prints its "listening" JSON line. */
-export async function spawnListening(command: string, args: string[], options: { env?: NodeJS.ProcessEnv; cwd?: string } = {}): Promise<Spawned> {
+export async function spawnListening(
+  command: string, args: string[], options: { env?: NodeJS.ProcessEnv; cwd?: string; onSpawn?: (child: ChildProcess) => void } = {},
+): Promise<Spawned> {
   const child = spawn(command, args, { env: options.env ?? process.env, cwd: options.cwd, stdio: ['ignore', 'pipe', 'pipe'] });
+  options.onSpawn?.(child);
   let out = '';
   let err = '';
   child.stderr!.on('data', (d) => { err += d; });

@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { hash } from 'node:crypto';
 import { mkdtempSync, writeFileSync } from 'node:fs';
+import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
@@ -190,6 +191,49 @@ describe('secrets never reach the logs or the data directory', () => {
     for (const key of keys) {
       assert.ok(!`${logs}\n${read('admin-state.json')}`.includes(key), `a key leaked: ${key.slice(0, 6)}...`);
       assert.ok(!logs.includes(hash('sha256', key)), `the hash of a key leaked: ${key.slice(0, 6)}...`);
+    }
+  });
+
+  test('signals during start-up (found in review: SIGHUP killed the process, SIGTERM exited by signal): a SIGHUP reloads once started, a SIGTERM exits 0', async () => {
+    // A "Redis" that takes connections and never answers: start-up waits for it (up to 3 s),
+    // and the test signals the moment the gateway has connected, inside that wait.
+    const connected: Array<() => void> = [];
+    const sockets: import('node:net').Socket[] = [];
+    const silent = createServer((socket) => {
+      sockets.push(socket);
+      socket.on('error', () => {});
+      connected.shift()?.();
+    });
+    await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
+    const port = (silent.address() as import('node:net').AddressInfo).port;
+    const file = writeConfig('slow-start.json', { ...testConfig(), limiter: { store: 'redis', url: `redis://127.0.0.1:${port}` } });
+    try {
+      const connecting = () => new Promise<void>((r) => connected.push(r));
+      let child: import('node:child_process').ChildProcess | undefined;
+      const onSpawn = (c: import('node:child_process').ChildProcess) => { child = c; };
+      let reached = connecting();
+      const reloading = spawnListening(process.execPath, [MAIN, '--config', file, '--port', '0'], { onSpawn });
+      await reached;
+      child!.kill('SIGHUP');
+      const gw = await reloading;
+      try {
+        await until(() => gw.stdout().includes('config reloaded'), 5000, 'the reload once started');
+        assert.match(gw.stdout(), /SIGHUP during start-up/);
+      } finally {
+        gw.child.kill('SIGKILL');
+        await gw.exited;
+      }
+
+      reached = connecting();
+      const stopping = spawnListening(process.execPath, [MAIN, '--config', file, '--port', '0'], { onSpawn }).catch((err: Error) => err);
+      await reached;
+      child!.kill('SIGTERM');
+      const outcome = await stopping;
+      assert.ok(outcome instanceof Error, 'it never listened');
+      assert.match(outcome.message, /exited 0 before listening/);
+    } finally {
+      for (const s of sockets) s.destroy();
+      silent.close();
     }
   });
 });
