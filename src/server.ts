@@ -53,6 +53,10 @@ export function createGatewayServer(gateway: Gateway): Server {
     const gone = setTimeout(() => socket.destroy(), 1000);
     gone.unref();
     socket.once('close', () => clearTimeout(gone));
+    // Counted and logged like any request (found in review: malformed, timed-out and oversized
+    // requests were in neither), though nothing of it can be trusted: no method, no path.
+    gateway.metrics.request('unmatched', spec.status, 0);
+    gateway.logger.access(id, '-', '-', spec.status, 0, null);
   });
   return server;
 }

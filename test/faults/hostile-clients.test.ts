@@ -3,7 +3,7 @@ import { connect, type Socket } from 'node:net';
 import { performance } from 'node:perf_hooks';
 import { after, before, describe, test } from 'node:test';
 import { FakeUpstream, json, openaiCompletion } from '../helpers/fake-upstream.js';
-import { entriesOf, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+import { accessLog, entriesOf, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
 /**
  * Clients that try to hold the gateway: headers trickled a byte at a time (slowloris), more
@@ -168,7 +168,13 @@ describe('fault: hostile clients', () => {
       }
       assert.match(text, new RegExp(`"code":"${code}"`));
       assert.match(text, /"type":"error"/);
+      // Logged and counted like any request, under its request id (found in review: Node's
+      // rejections, answered from the server's clientError, were in neither).
+      const id = /x-request-id: (req_\w+)/.exec(text)![1];
+      await until(() => accessLog(gw).some((l) => l.request_id === id && l.status === status), 2000, `the log line of ${id}`);
     }
+    const metrics = await (await fetch(`${gw.url}/metrics`)).text();
+    assert.match(metrics, /mg_requests_total\{route="unmatched",status="431"\} 1/);
   });
 
   test('a client that reads a large answer slowly but steadily is not cut (found in review)', async () => {
