@@ -54,9 +54,12 @@ export function createGatewayServer(gateway: Gateway): Server {
     gone.unref();
     socket.once('close', () => clearTimeout(gone));
     // Counted and logged like any request (found in review: malformed, timed-out and oversized
-    // requests were in neither), though nothing of it can be trusted: no method, no path.
-    gateway.metrics.request('unmatched', spec.status, 0);
-    gateway.logger.access(id, '-', '-', spec.status, 0, null);
+    // requests were in neither), though nothing of it can be trusted: no method, no path. A
+    // request whose handler runs (one that timed out reading its body) writes its own line.
+    if (current === null || current === undefined || current.writableEnded === true) {
+      gateway.metrics.request('unmatched', spec.status, 0);
+      gateway.logger.access(id, '-', '-', spec.status, 0, null);
+    }
   });
   return server;
 }

@@ -397,7 +397,9 @@ export class HttpProvider implements Provider {
         if (ex.aborted) return;
         if (!complete) {
           if (call.timedOut()) {
-            ex.upstreamFailed('timeout');
+            // Not 'timeout': the provider has the request and answered, so routing must not
+            // move the call to another deployment (found in review).
+            ex.upstreamFailed('body_timeout');
             return ex.fail('upstream_timeout', { message: `The provider's answer did not arrive whole within ${this.config.timeoutMs} ms.` });
           }
           ex.upstreamFailed('cut');

@@ -79,7 +79,8 @@ export interface Exchange {
   observeUpstream(seconds: number): void;
   /**
    * Reports a failed attempt (metrics; routing fails over on some): 'connection', 'timeout',
-   * '408', '429', '503', '529', '4xx', '5xx', 'garbage', 'cut'; with the provider's Retry-After.
+   * '408', '429', '503', '529', '4xx', '5xx', 'garbage', 'cut', 'body_timeout' (an answer not
+   * whole in time); with the provider's Retry-After.
    */
   upstreamFailed(kind: string, retryAfterMs?: number | null): void;
   /** A request header of the client (lowercase name). */

@@ -177,6 +177,20 @@ describe('fault: hostile clients', () => {
     assert.match(metrics, /mg_requests_total\{route="unmatched",status="431"\} 1/);
   });
 
+  test('a request that times out reading its body is logged once, by its own handler (found in review: also as its 408, under another id)', async () => {
+    const posts = () => accessLog(gw).filter((l) => l.path === '/v1/chat/completions' && l.status !== 200);
+    const before = posts().length;
+    const s = await open(gw.url);
+    const answer = received(s);
+    s.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-h\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"model"');
+    const { text } = await answer; // requestTimeoutMs (1.5 s), checked every 0.5 s
+    assert.match(text, /^HTTP\/1\.1 408 /);
+    const id = /x-request-id: (req_\w+)/.exec(text)![1];
+    // Its own line (the 408 was answered, and would have been logged, before it).
+    await until(() => posts().length > before, 3000, 'its line');
+    assert.equal(accessLog(gw).filter((l) => l.request_id === id).length, 0, 'not a second line for the 408');
+  });
+
   test('a client that reads a large answer slowly but steadily is not cut (found in review)', async () => {
     up.queue.push((_req, res) => json(res, 200, openaiCompletion('y'.repeat(6_000_000))));
     const s = await open(gw.url);

@@ -151,6 +151,20 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
     assert.equal(b.hits, 0);
   });
 
+  test('an answer whose body stalls past timeoutMs is not failed over: the provider has the call (found in review: a 504 for it moved the call, unbilled, to another deployment)', async () => {
+    a.fallback = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.write('{"id":"stalled",'); // and nothing more
+    };
+    const res = await call('pair');
+    assert.equal(res.status, 504);
+    await res.arrayBuffer();
+    assert.equal(b.seen.length, 0, 'not sent to b');
+    const charged = entriesFor(res);
+    assert.equal(charged.length, 1);
+    assert.deepEqual([charged[0]!.deployment, charged[0]!.estimated], ['a', true]);
+  });
+
   test('a cooldown is honoured, then expires; a longer Retry-After extends it; a reload keeps it', async () => {
     a.queue.push(status(503));
     let res = await call('pair');
