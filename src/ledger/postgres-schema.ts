@@ -55,8 +55,10 @@ export const MIGRATIONS: ReadonlyArray<(s: string) => string> = [
       state text NOT NULL
     );`,
   // A prepaid charge whose balance after it is not known (its Redis settlement was not
-  // confirmed) still counts in the balance. Adding a column with a constant default is instant.
-  (s) => `ALTER TABLE ${s}.entries ADD COLUMN balance_unknown boolean NOT NULL DEFAULT false;`,
+  // confirmed) still counts in the balance. Adding a column with a constant default is instant,
+  // but takes a lock that every insert queues behind: a long report holding the table makes the
+  // start fail after 10 s (and start again) rather than stall the fleet's writes behind it.
+  (s) => `SET LOCAL lock_timeout = '10s'; ALTER TABLE ${s}.entries ADD COLUMN balance_unknown boolean NOT NULL DEFAULT false;`,
 ];
 
 /**

@@ -456,7 +456,8 @@ end
 -- confirmed), a reservation gone from the hash means a settlement took it: nothing more to do.
 -- With the lease gone too (a long outage, or Redis lost its data) it cannot be told: with a
 -- shared ledger, whose books Redis's money is rebuilt from after a loss and which holds the
--- call, it is not charged again; without, it is charged. Nothing reserved: charged.
+-- call, it is not charged again; without, it is charged. Nothing reserved: charged, unless the
+-- ledger is shared and the lease is gone (the same rule).
 local function resettle(id, a_cost, a_prepaid, a_est)
   if type(id) ~= 'string' or id == '' then return bad('id') end
   local cost, prepaid, est = int(a_cost, 0, SAFE), flag(a_prepaid), int(a_est, 0, SAFE)
@@ -467,6 +468,7 @@ local function resettle(id, a_cost, a_prepaid, a_est)
   if est > 0 and reserved[id] == nil and redis.call('HEXISTS', R, id) == 0 and (needsrc or redis.call('ZSCORE', S, id)) then
     return mget('bal')
   end
+  if est == 0 and needsrc and not pending(S, id) and not redis.call('ZSCORE', S, id) then return mget('bal') end
   return settle(id, a_cost, a_prepaid, a_est)
 end
 

@@ -115,18 +115,18 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
     await chargedOnce('acct_away', t);
   });
 
-  test('with a shared ledger, Redis losing its data under an owed settlement: rebuilt from the ledger, which holds the call, and not charged again (found in review)', async () => {
+  for (const reserve of [5_000, 0]) test(`with a shared ledger, Redis losing its data under an owed settlement (reserved ${reserve}): rebuilt from the ledger, which holds the call, and not charged again (found in review; with nothing reserved, found in the session's review: charged again, once the ledger counted it in the balance)`, async () => {
     // The ledger's books: 10,000 credited; once the call is recorded, 700 spent today and taken
     // from the balance (recorded without a balance after it, but marked as taken from it).
     let spent = 0;
     const money = async (): Promise<LedgerMoney> => ({ balanceMicro: 10_000 - spent, day: Math.floor(Date.now() / 86_400_000), spentMicro: spent, credited: true, creditIds: [] });
-    const shared = new RedisLimiter({ url: relay.url, prefix: 'lost-pg:', timeoutMs: 200, leaseMs: 1500, money });
+    const shared = new RedisLimiter({ url: relay.url, prefix: `lost-pg-${reserve}:`, timeoutMs: 200, leaseMs: 1500, money });
     const direct = createClient({ url: server.url });
     await direct.connect();
     try {
       await shared.whenReady(3000);
       const acct = account('acct_pg');
-      const t = await shared.admit(acct, key, null, 5_000);
+      const t = await shared.admit(acct, key, null, reserve);
       assert.ok(t.ok);
       relay.away = true;
       try {
