@@ -60,6 +60,8 @@ export class BilledCall implements Exchange {
   aborted = false;
   private settled = false;
   private outputChars = 0;
+  /** Answers asked for (chat's `n`): each may hold up to the model's output limit. */
+  private readonly choices: number;
   /** Usage the provider reported before its final count, if any. */
   private reported: Usage | null = null;
   /** Whether the provider has the whole request (and did not refuse it). */
@@ -87,6 +89,7 @@ export class BilledCall implements Exchange {
   ) {
     this.body = call.body;
     this.stream = call.stream;
+    this.choices = call.choices;
     this.requestId = ctx.id;
     this.maxAttempts = gw.config.routing.maxAttempts;
     gw.inFlight++;
@@ -228,7 +231,8 @@ export class BilledCall implements Exchange {
    * relayed so far (characters / 4). So never less than either.
    */
   private abnormalUsage(): Usage {
-    const relayed = tokensOf(this.outputChars);
+    // No provider bills more output than the model's limit allows (a broken one may send more).
+    const relayed = Math.min(tokensOf(this.outputChars), this.model.outputTokenLimit * this.choices);
     const reported = this.reported;
     if (reported === null) return { inputTokens: this.inputTokens, outputTokens: relayed, cacheReadTokens: 0, cacheWriteTokens: 0 };
     const price = this.model.price;

@@ -22,14 +22,15 @@ export const DOCUMENT_TOKENS = 3_000;
 export const MAX_DEPTH = 128;
 
 const INPUT_FIELDS = new Set(['system', 'messages', 'tools', 'functions', 'tool_choice', 'response_format', 'input', 'instructions', 'text', 'prompt']);
-const IMAGE_TYPES = new Set(['image', 'image_url', 'input_image']);
+// A computer-use screenshot and a generated image passed back in a Responses input are images too.
+const IMAGE_TYPES = new Set(['image', 'image_url', 'input_image', 'computer_screenshot', 'image_generation_call']);
 const DOCUMENT_TYPES = new Set(['document', 'file', 'input_file', 'input_audio', 'audio']);
 /**
  * The keys of an image or document part that hold its bytes (or a reference to them): the only
  * ones its fixed figure stands for. Its other keys (a document's `title` and `context`, say) are
  * text the provider bills, and count.
  */
-const PAYLOAD_KEYS = new Set(['source', 'image_url', 'input_audio', 'file', 'file_data', 'file_url', 'file_id', 'data', 'url']);
+const PAYLOAD_KEYS = new Set(['source', 'image_url', 'input_audio', 'file', 'file_data', 'file_url', 'file_id', 'data', 'url', 'result']);
 /**
  * Free-form JSON the provider bills as text, whatever it holds: a tool call's input, and the
  * JSON schemas of tools and response formats. A `type` inside it says nothing of media. (A

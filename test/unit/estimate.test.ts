@@ -34,6 +34,12 @@ describe('the input estimate', () => {
     }
     assert.equal(estimateInputTokens({ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: `data:image/png;base64,${'A'.repeat(9999)}`, detail: 'high' } }] }] }),
       chars('roleusercontenttypeimage_urlimage_url'.length) + IMAGE_TOKENS, 'a chat image part: its url is its bytes');
+    // Responses items holding an image (found in review: a 1 MB screenshot counted as 250,000 tokens of text).
+    const png = `data:image/png;base64,${'A'.repeat(1_000_000)}`;
+    assert.equal(estimateInputTokens({ input: [{ type: 'computer_call_output', call_id: 'c', output: { type: 'computer_screenshot', image_url: png } }] }),
+      chars('typecomputer_call_outputcall_idcoutputtypecomputer_screenshotimage_url'.length) + IMAGE_TOKENS);
+    assert.equal(estimateInputTokens({ input: [{ type: 'image_generation_call', id: 'ig', status: 'completed', result: 'A'.repeat(1_000_000) }] }),
+      chars('typeimage_generation_callidigstatuscompletedresult'.length) + IMAGE_TOKENS);
   });
 
   test('only a media part\'s bytes are not counted as text: its other text, a tool call\'s input and JSON schemas count whatever `type` they hold (found in review: a `type` of "image" hid everything under it)', () => {
