@@ -154,7 +154,7 @@ export class BilledCall implements Exchange {
   }
 
   noteUsage(usage: Usage): void {
-    this.reported = usage;
+    this.reported = this.reported === null ? usage : atLeast(usage, this.reported);
   }
 
   noteDelivered(delivered: boolean): void {
@@ -176,7 +176,10 @@ export class BilledCall implements Exchange {
 
   settle(usage: Usage | null, then: () => void): void {
     if (this.settled) return this.guarded(then);
-    const durable = usage === null ? this.charge(this.abnormalUsage(), true) : this.charge(usage, false);
+    // Counts are cumulative: a final usage below one reported earlier (a provider's bug, or a
+    // hostile one: found in review) is not taken lower than that.
+    const durable = usage === null ? this.charge(this.abnormalUsage(), true)
+      : this.charge(this.reported === null ? usage : atLeast(usage, this.reported), false);
     if (!(durable instanceof Promise)) return this.guarded(then);
     // The final bytes leave only once the charge is on disk (group commit).
     durable.then(() => {
@@ -333,5 +336,15 @@ export class BilledCall implements Exchange {
       this.gw.inFlight--;
       this.gw.done(this.ctx);
     }
+  };
+}
+
+/** `usage` with each count raised to `floor`'s where that is larger. */
+function atLeast(usage: Usage, floor: Usage): Usage {
+  if (usage.inputTokens >= floor.inputTokens && usage.outputTokens >= floor.outputTokens &&
+    usage.cacheReadTokens >= floor.cacheReadTokens && usage.cacheWriteTokens >= floor.cacheWriteTokens) return usage;
+  return {
+    inputTokens: Math.max(usage.inputTokens, floor.inputTokens), outputTokens: Math.max(usage.outputTokens, floor.outputTokens),
+    cacheReadTokens: Math.max(usage.cacheReadTokens, floor.cacheReadTokens), cacheWriteTokens: Math.max(usage.cacheWriteTokens, floor.cacheWriteTokens),
   };
 }

@@ -258,4 +258,35 @@ describe('regression: abnormal ends were under-billed', () => {
     assert.equal(last().outputTokens, 1000);
     assert.equal(last().inputTokens, 10, 'the input the provider reported (larger than the estimate)');
   });
+
+  const sse = (type: string, data: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
+
+  test('message_start without an output count (a compatible server) still gives its input: a cut stream is charged it (found in review: it was dropped)', async () => {
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(sse('message_start', { message: { id: 'm', type: 'message', role: 'assistant', content: [], usage: { input_tokens: 50_000 } } }) +
+        sse('content_block_start', { index: 0, content_block: { type: 'text', text: '' } }) +
+        sse('content_block_delta', { index: 0, delta: { type: 'text_delta', text: 'abcd' } }));
+      setTimeout(() => res.socket?.destroy(), 30);
+    });
+    const res = await postJson(`${gw.url}/v1/messages`, 'sk-a', body('hi', { stream: true }));
+    await assert.rejects(res.text());
+    assert.deepEqual([last().estimated, last().inputTokens, last().outputTokens], [true, 50_000, 1]);
+  });
+
+  test('a final count below one reported earlier is not taken lower (found in review: message_delta saying input 0 after message_start said 50,000 charged no input)', async () => {
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(sse('message_start', { message: { id: 'm', type: 'message', role: 'assistant', content: [], usage: { input_tokens: 50_000, output_tokens: 1 } } }) +
+        sse('content_block_start', { index: 0, content_block: { type: 'text', text: '' } }) +
+        sse('content_block_delta', { index: 0, delta: { type: 'text_delta', text: 'abcd' } }) +
+        sse('content_block_stop', { index: 0 }) +
+        sse('message_delta', { delta: { stop_reason: 'end_turn' }, usage: { input_tokens: 0, output_tokens: 5 } }) +
+        sse('message_stop', {}));
+    });
+    const res = await postJson(`${gw.url}/v1/messages`, 'sk-a', body('hi', { stream: true }));
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.deepEqual([last().estimated, last().inputTokens, last().outputTokens], [false, 50_000, 5]);
+  });
 });

@@ -30,6 +30,9 @@ export function messagesUsage(u: unknown, before: Usage | null): Usage | null {
   return next.inputTokens < 0 || next.outputTokens < 0 ? null : next;
 }
 
+/** What message_start's usage is merged into: its input is required, its output count may be absent. */
+const NO_OUTPUT_YET: Usage = Object.freeze({ inputTokens: -1, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 });
+
 const THINKING_BUDGET = 1024; // Anthropic's minimum budget_tokens
 
 /** Extended thinking for a `-thinking` id: the budget, and max_tokens raised when it leaves no room. */
@@ -104,8 +107,9 @@ export const messages: WireProtocol = {
         if (!isObj(msg)) return { forward: true, final: false };
         switch (msg.type) {
           case 'message_start': {
-            // Input and a first output count: real, but not final.
-            const seen = isObj(msg.message) ? messagesUsage(msg.message.usage, null) : null;
+            // Input and a first output count: real, but not final. (Some compatible servers
+            // send no output count here: 0 then, so the input they report is not lost.)
+            const seen = isObj(msg.message) ? messagesUsage(msg.message.usage, NO_OUTPUT_YET) : null;
             if (seen !== null) {
               usage = seen;
               ex.noteUsage(seen);
