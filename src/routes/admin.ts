@@ -199,9 +199,11 @@ export function registerAdminRoutes(router: Router<RouteHost>): void {
         if (typeof body.plan !== 'string' || !gw.config.plans.has(body.plan)) throw bad('plan', '"plan" must name an existing plan.');
         const plan = body.plan;
         const prepaid = field(body, 'prepaid', boolField);
-        const rpm = field(body, 'rpm', limitField);
-        const concurrency = field(body, 'concurrency', limitField);
-        const dailyCapMicro = field(body, 'dailyCapUsd', capField);
+        // An account's limit left unset (absent, or null as GET shows it) is its plan's; only
+        // "unlimited" lifts it (found in review: a GET put back as it was lifted all three).
+        const rpm = body.rpm === null ? undefined : field(body, 'rpm', limitField);
+        const concurrency = body.concurrency === null ? undefined : field(body, 'concurrency', limitField);
+        const dailyCapMicro = body.dailyCapUsd === null ? undefined : field(body, 'dailyCapUsd', capField);
         const problems = await gw.changeAdmin((s) => {
           // Whether an account is prepaid (and its one-time credit) is kept; a new one starts at 0.
           const existing = gw.config.accounts.get(id);

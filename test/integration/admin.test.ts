@@ -170,6 +170,16 @@ describe('admin API', () => {
       assert.equal((await alice('GET', '/v1/models')).status, 429, 'rpm 2, the earlier request still counts');
       assert.equal((await admin('PUT', '/admin/v1/accounts/acct_x', { plan: 'gold' })).body!.error.param, 'plan');
       assert.equal((await admin('GET', '/admin/v1/accounts/acct_nobody')).status, 404);
+      // An account put back as GET shows it keeps its plan's limits: null is "not set", only
+      // "unlimited" lifts one (found in review: the round trip lifted all three).
+      const read = (await admin('GET', '/admin/v1/accounts/acct_alice')).body!;
+      assert.deepEqual([read.rpm, read.concurrency, read.dailyCapUsd], [null, null, null]);
+      const back = await admin('PUT', '/admin/v1/accounts/acct_alice', { plan: read.plan, rpm: null, concurrency: null, dailyCapUsd: null });
+      assert.deepEqual([back.body!.rpm, back.body!.concurrency, back.body!.dailyCapUsd], [null, null, null]);
+      assert.equal((await alice('GET', '/v1/models')).status, 429, 'still the plan\'s rpm 2');
+      const lifted = await admin('PUT', '/admin/v1/accounts/acct_alice', { plan: 'tight', rpm: 'unlimited' });
+      assert.equal(lifted.body!.rpm, 'unlimited');
+      assert.equal((await alice('GET', '/v1/models')).status, 200);
     } finally {
       await gw.close();
     }
