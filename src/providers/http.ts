@@ -156,6 +156,10 @@ export class HttpProvider implements Provider {
     this.countTarget = kind.countTokensPath === null ? null : targetOf(new URL(config.baseUrl + kind.countTokensPath));
   }
 
+  get canCount(): boolean {
+    return this.countTarget !== null;
+  }
+
   /**
    * A token count, passed through (the model swapped, the client's anthropic-version and
    * anthropic-beta kept): one attempt under `timeoutMs`, the provider's JSON relayed as it is,

@@ -24,6 +24,8 @@ export class MockProvider implements Provider {
     WIRES[ex.endpoint].mock(ex, this.config.tokensPerSecond);
   }
 
+  readonly canCount = true;
+
   /** The mock counts as it meters: 1 token per 4 characters of all message text, the system prompt included. */
   countTokens(request: CountRequest): void {
     request.answer(JSON.stringify({ input_tokens: tokensOf(countChars(request.body)) }));

@@ -131,6 +131,8 @@ export interface CountRequest {
 
 export interface Provider {
   handle(exchange: Exchange): void;
+  /** Whether it can count tokens (an OpenAI-protocol provider cannot). */
+  readonly canCount: boolean;
   /** Counts the input tokens of a Messages request; a provider that cannot count answers an error. */
   countTokens(request: CountRequest): void;
 }

@@ -67,6 +67,14 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
       // The provider as it is now: a reload while admission is awaited must not take it away.
       const counter = countingModel(model, gw.cooldowns);
       const provider = gw.providers.get(counter.provider.id)!;
+      // A model that cannot be counted is the request's 400, before admission (CONTRACT section
+      // 4: a rejected request consumes nothing; found in review: it used up an RPM count).
+      if (!provider.canCount) {
+        return sendError(ctx, res, 'invalid_request', gw.done, {
+          message: `The model "${model.id}" is served over the ${counter.provider.protocol} protocol, which cannot count tokens.`,
+          fields: { param: 'model' },
+        });
+      }
       gw.admit(ctx, res, gw.limiter.admitInstant(counting(key.account), countingKey(key), null), () => {
         let stops: Array<() => void> = [];
         res.on('close', () => {

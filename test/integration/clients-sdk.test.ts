@@ -136,8 +136,13 @@ describe('clients people use: Responses, count_tokens, the models list (official
     assert.equal(entriesOf(gw, 'acct_c').length, entries, 'counting on a priced model is not billed');
   });
 
-  test('count_tokens has an RPM window of its own: a burst of counts never eats the model calls\' RPM', async () => {
+  test('count_tokens has an RPM window of its own: a burst of counts never eats the model calls\' RPM; a model that cannot count consumes nothing', async () => {
     const counter = new Anthropic({ apiKey: 'sk-rpm', baseURL: gw.url, maxRetries: 0 });
+    // A model that cannot count is refused before admission: it consumes nothing (found in review: each used up a count).
+    for (let i = 0; i < 5; i++) {
+      await assert.rejects(counter.messages.countTokens({ model: 'gpt-r', messages: [{ role: 'user', content: 'x' }] }),
+        (err: InstanceType<typeof Anthropic.BadRequestError>) => err.status === 400);
+    }
     for (let i = 0; i < 3; i++) await counter.messages.countTokens({ model: 'echo-1', messages: [{ role: 'user', content: 'x' }] });
     await assert.rejects(counter.messages.countTokens({ model: 'echo-1', messages: [{ role: 'user', content: 'x' }] }),
       (err: InstanceType<typeof Anthropic.RateLimitError>) => err.status === 429);
