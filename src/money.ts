@@ -35,7 +35,11 @@ export function parseUsd(value: unknown): number | string {
   return match[1] === '-' && micro !== 0 ? -micro : micro;
 }
 
-/** Micro-dollars to USD for a JSON answer (6 decimals, exact for integers below 2^53). */
+/**
+ * Micro-dollars to USD for a JSON answer: the closest number, which JSON writes with its 6
+ * decimals exactly up to about $4 billion (2^32 dollars); above, a double cannot hold every
+ * micro-dollar, and the last decimal may be off by one (the ledger's integers stay exact).
+ */
 export function microToUsd(micro: number): number {
   return micro / MICRO_PER_USD;
 }

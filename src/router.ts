@@ -26,20 +26,28 @@ export interface RouteSpec<G> {
 
 /**
  * method + path -> handler. Static paths come from a map (one lookup); the few pattern
- * routes are prefixes with a single trailing parameter. Routes are checked when registered;
- * `find` never throws.
+ * routes have a single parameter, a `*` in the path given to `add`: last (the models route:
+ * it may hold a `/`, as model ids do) or followed by a suffix (an account's credits: then it
+ * holds no `/`). Routes are checked when registered; `find` never throws.
  */
 export class Router<G> {
   private readonly statics = new Map<string, Route<G>>();
-  private readonly prefixes: Array<{ prefix: string; route: Route<G> }> = [];
+  /** Pattern routes, those with a suffix first (the plain one of the same prefix would take their paths too). */
+  private readonly prefixes: Array<{ prefix: string; suffix: string; route: Route<G> }> = [];
 
   add(path: string, spec: RouteSpec<G>): this {
-    const route = build(path.endsWith('/*') ? `${path.slice(0, -2)}/{id}` : path, spec);
-    if (path.endsWith('/*')) {
-      const prefix = path.slice(0, -1);
-      if (this.prefixes.some((p) => p.prefix === prefix)) throw new Error(`duplicate route ${path}`);
-      this.prefixes.push({ prefix, route });
+    const star = path.indexOf('/*');
+    if (star >= 0) {
+      const prefix = path.slice(0, star + 1);
+      const suffix = path.slice(star + 2);
+      if ((suffix !== '' && !/^\/[a-z_-]+$/.test(suffix)) || this.prefixes.some((p) => p.prefix === prefix && p.suffix === suffix)) {
+        throw new Error(`bad or duplicate route ${path}`);
+      }
+      const entry = { prefix, suffix, route: build(`${prefix}{id}${suffix}`, spec) };
+      if (suffix === '') this.prefixes.push(entry);
+      else this.prefixes.unshift(entry);
     } else {
+      const route = build(path, spec);
       if (!path.startsWith('/') || this.statics.has(path)) throw new Error(`bad or duplicate route ${path}`);
       this.statics.set(path, route);
     }
@@ -50,11 +58,14 @@ export class Router<G> {
   find(ctx: RequestContext): Route<G> | undefined {
     const route = this.statics.get(ctx.path);
     if (route !== undefined) return route;
-    for (const { prefix, route: candidate } of this.prefixes) {
-      if (ctx.path.length > prefix.length && ctx.path.startsWith(prefix)) {
+    for (const { prefix, suffix, route: candidate } of this.prefixes) {
+      const path = ctx.path;
+      if (path.length > prefix.length + suffix.length && path.startsWith(prefix) && (suffix === '' || path.endsWith(suffix))) {
+        const raw = path.slice(prefix.length, path.length - suffix.length);
+        if (suffix !== '' && raw.includes('/')) continue;
         let param: string;
         try {
-          param = decodeURIComponent(ctx.path.slice(prefix.length));
+          param = decodeURIComponent(raw);
         } catch {
           return undefined; // malformed percent-encoding names nothing that exists
         }

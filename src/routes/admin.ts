@@ -214,10 +214,16 @@ export function registerAdminRoutes(router: Router<RouteHost>): void {
         if (problems.length > 0) throw rejectChange(problems, 'plan');
         sendAccount(gw, ctx, res, id);
       }),
+    },
+  });
+
+  // Its own route, so a wrong method on either is 405 with its own Allow (found in review: GET
+  // here was 404 "No account x/credits", POST on an account was 404).
+  router.add('/admin/v1/accounts/*/credits', {
+    admin: true,
+    methods: {
       POST: (gw, ctx, req, res) => {
-        const match = /^(.+)\/credits$/.exec(ctx.param);
-        if (match === null) return sendError(ctx, res, 'not_found', gw.done);
-        const id = match[1]!;
+        const id = ctx.param;
         if (!gw.config.accounts.has(id)) return sendError(ctx, res, 'not_found', gw.done, { message: `No account "${id}".` });
         withBody(gw, ctx, req, res, ['amountUsd', 'note'], async (body) => {
           // Looked up again: a reload may have removed it while the body arrived.
@@ -225,7 +231,8 @@ export function registerAdminRoutes(router: Router<RouteHost>): void {
           if (account === undefined) throw new GatewayError('not_found', { message: `No account "${id}".` });
           if (!account.prepaid) throw bad('account', 'Credits apply to prepaid accounts only.');
           const amount = parseUsd(body.amountUsd);
-          if (typeof amount === 'string' || amount <= 0) throw bad('amountUsd', '"amountUsd" must be an amount above 0.');
+          if (typeof amount === 'string') throw bad('amountUsd', `"amountUsd" ${amount}.`);
+          if (amount <= 0) throw bad('amountUsd', '"amountUsd" must be an amount above 0.');
           // No control characters: a note is shown in billing history, and PostgreSQL text cannot hold a NUL.
           if (body.note !== undefined && (typeof body.note !== 'string' || !NOTE.test(body.note))) {
             throw bad('note', '"note" must be a string of at most 1000 characters without control characters.');

@@ -214,6 +214,17 @@ describe('admin API', () => {
       assert.equal((await admin('GET', '/admin/v1/accounts/acct_new')).body!.balance, 18.5);
       assert.equal((await admin('POST', '/admin/v1/accounts/acct_bob/credits', { amountUsd: 1 })).status, 400);
       assert.equal((await admin('POST', '/admin/v1/accounts/acct_new/credits', { amountUsd: 0 })).status, 400);
+      assert.match((await admin('POST', '/admin/v1/accounts/acct_new/credits', { amountUsd: 1e10 })).body!.error.message, /"amountUsd" is too large/);
+      // A wrong method on an account or its credits is 405 with the methods of that path (found in review: 404s).
+      for (const [method, path, allow] of [
+        ['GET', '/admin/v1/accounts/acct_new/credits', 'POST'], ['PUT', '/admin/v1/accounts/acct_new/credits', 'POST'],
+        ['POST', '/admin/v1/accounts/acct_new', 'GET, PUT'], ['DELETE', '/admin/v1/accounts/acct_new', 'GET, PUT'],
+      ] as const) {
+        const res = await fetch(`${gw.url}${path}`, { method, headers: { authorization: `Bearer ${ADMIN}`, 'content-type': 'application/json' }, body: method === 'GET' ? undefined : '{}' });
+        assert.deepEqual([res.status, res.headers.get('allow')], [405, allow], `${method} ${path}`);
+        await res.text();
+      }
+      assert.equal((await admin('POST', '/admin/v1/accounts/acct_nobody/credits', { amountUsd: 1 })).status, 404);
       for (const note of ['nul\u0000byte', 'line\nbreak', 'x'.repeat(1001), 7]) {
         assert.equal((await admin('POST', '/admin/v1/accounts/acct_new/credits', { amountUsd: 1, note })).status, 400, JSON.stringify(note));
       }
