@@ -143,7 +143,10 @@ async function start(options: StartOptions): Promise<void> {
   } finally {
     youngGenerationMayGrow(true);
   }
-  const host = options.host ?? process.env.HOST ?? config.server.host;
+  // An empty HOST or --host is unset, as PORT is (found in review: it bound every interface,
+  // which the config itself refuses).
+  const envHost = process.env.HOST;
+  const host = options.host || (envHost !== undefined && envHost !== '' ? envHost : config.server.host);
   const port = options.port ?? portFromEnv ?? config.server.port;
   const gateway = embedded.gateway;
   if (adminKey) logger.info('admin API enabled', { path: '/admin/v1/', kept_in: gateway.admin.where });

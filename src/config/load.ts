@@ -16,7 +16,8 @@ export function loadConfigFile(file: string, env: Record<string, string | undefi
   }
   let raw: unknown;
   try {
-    raw = JSON.parse(text);
+    // A byte order mark (some editors on Windows write one) is not part of the JSON.
+    raw = JSON.parse(text.charCodeAt(0) === 0xfeff ? text.slice(1) : text);
   } catch (err) {
     return { ok: false, errors: [`${file}: not valid JSON: ${(err as Error).message}`] };
   }

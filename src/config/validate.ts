@@ -173,7 +173,9 @@ function checkServer(c: Checker, value: unknown): ServerConfig {
   return {
     host: c.string('server.host', o.host, d.host),
     port: c.int('server.port', o.port, 0, 65535, d.port),
-    maxBodyBytes: c.int('server.maxBodyBytes', o.maxBodyBytes, 1, 1 << 30, d.maxBodyBytes),
+    // At most 256 MiB: a body is decoded to one string, and V8's longest is just under 512 Mi
+    // characters (found in review: a body over it was a 500 with a stack in the log).
+    maxBodyBytes: c.int('server.maxBodyBytes', o.maxBodyBytes, 1, 1 << 28, d.maxBodyBytes),
     requestTimeoutMs: c.int('server.requestTimeoutMs', o.requestTimeoutMs, 1, 3_600_000, d.requestTimeoutMs),
     drainDelayMs: c.int('server.drainDelayMs', o.drainDelayMs, 0, 3_600_000, d.drainDelayMs),
     drainTimeoutMs: c.int('server.drainTimeoutMs', o.drainTimeoutMs, 0, 3_600_000, d.drainTimeoutMs),
@@ -204,13 +206,15 @@ function checkLimiter(c: Checker, value: unknown): LimiterConfig {
     return { store: 'memory' };
   }
   if (o.store !== 'redis') {
-    c.fail('limiter.store', `must be "memory" or "redis", got ${JSON.stringify(o.store)}`);
+    c.fail('limiter.store', `must be "memory" or "redis", got ${shown(o.store)}`);
     return { store: 'memory' };
   }
   if (o.url === undefined) c.fail('limiter.url', 'is required when store is "redis"');
+  const url = c.string('limiter.url', o.url, '');
+  if (url !== '' && !isRedisUrl(url)) c.fail('limiter.url', `must be a redis:// or rediss:// URL, got ${shown(url)}`);
   return {
     store: 'redis',
-    url: c.string('limiter.url', o.url, ''),
+    url,
     prefix: c.string('limiter.prefix', o.prefix, 'mg:'),
     timeoutMs: c.int('limiter.timeoutMs', o.timeoutMs, 1, 60_000, 100),
     leaseMs: c.int('limiter.leaseMs', o.leaseMs, 300, 3_600_000, 30_000),
@@ -238,7 +242,7 @@ function checkLedger(c: Checker, value: unknown, baseDir: string): LedgerConfig 
     return { store: 'postgres', url: c.string('ledger.url', o.url, ''), schema };
   }
   if (o.store !== undefined && o.store !== 'file') {
-    c.fail('ledger.store', `must be "memory", "file" or "postgres", got ${JSON.stringify(o.store)}`);
+    c.fail('ledger.store', `must be "memory", "file" or "postgres", got ${shown(o.store)}`);
     return { store: 'memory' };
   }
   onlyFor('postgres', ['url', 'schema']);
@@ -309,8 +313,12 @@ function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): M
       baseUrl = c.string(`${path}.baseUrl`, o.baseUrl, baseUrl);
       let url: URL | null = null;
       try { url = new URL(baseUrl); } catch { /* reported below */ }
-      if (url === null || (url.protocol !== 'http:' && url.protocol !== 'https:')) {
-        c.fail(`${path}.baseUrl`, `must be an http:// or https:// URL, got ${JSON.stringify(o.baseUrl)}`);
+      if (url === null || (url.protocol !== 'http:' && url.protocol !== 'https:') || baseUrl.trim() !== baseUrl) {
+        c.fail(`${path}.baseUrl`, `must be an http:// or https:// URL, got ${shown(o.baseUrl)}`);
+      } else if (url.search !== '' || url.hash !== '' || url.username !== '' || url.password !== '') {
+        // The gateway appends the endpoint's path: a query or fragment would swallow it, and
+        // credentials in the URL are never sent (found in review: each misrouted every call).
+        c.fail(`${path}.baseUrl`, 'must have no query, fragment or credentials (the provider\'s key goes in apiKeyEnv)');
       }
       baseUrl = baseUrl.replace(/\/+$/, '');
     }
@@ -323,15 +331,18 @@ function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): M
         const at = Array.isArray(o.apiKeyEnv) ? `${path}.apiKeyEnv[${i}]` : `${path}.apiKeyEnv`;
         const name = c.string(at, raw, '');
         // An own property, and a string: `apiKeyEnv: "toString"` names no variable.
-        const value = name !== '' && Object.hasOwn(env, name) ? env[name] : undefined;
-        if (typeof value === 'string' && value !== '') apiKeys.push(value);
+        // Surrounding whitespace dropped: a key read from a file often ends with a newline,
+        // which no HTTP header can carry (found in review: every call was a 500).
+        const value = name !== '' && Object.hasOwn(env, name) ? env[name]?.trim() : undefined;
+        if (typeof value === 'string' && value !== '' && HEADER_VALUE.test(value)) apiKeys.push(value);
+        else if (typeof value === 'string' && value !== '') c.fail(at, `environment variable ${name} holds characters an HTTP header cannot carry, or over 4096`);
         else if (name !== '') c.fail(at, `environment variable ${name} is not set`);
       });
     }
     let authHeader: AuthHeader | null = null;
     if (o.authHeader !== undefined) {
       if (o.authHeader === 'bearer' || o.authHeader === 'x-api-key' || o.authHeader === 'api-key') authHeader = o.authHeader;
-      else c.fail(`${path}.authHeader`, `must be "bearer", "x-api-key" or "api-key", got ${JSON.stringify(o.authHeader)}`);
+      else c.fail(`${path}.authHeader`, `must be "bearer", "x-api-key" or "api-key", got ${shown(o.authHeader)}`);
     }
     out.set(id, {
       id, protocol, baseUrl, apiKeys, authHeader, headers: staticHeaders(c, `${path}.headers`, o.headers),
@@ -521,4 +532,19 @@ function checkKeys(
     });
   }
   return out;
+}
+
+function isRedisUrl(text: string): boolean {
+  try {
+    const url = new URL(text);
+    return url.protocol === 'redis:' || url.protocol === 'rediss:';
+  } catch {
+    return false;
+  }
+}
+
+/** A value as an error message shows it: JSON, cut to 100 characters (a config can hold megabytes). */
+function shown(value: unknown): string {
+  const text = JSON.stringify(value) ?? String(value);
+  return text.length > 100 ? `${text.slice(0, 100)}...` : text;
 }

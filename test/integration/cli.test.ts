@@ -98,6 +98,18 @@ describe('CLI', () => {
     }
   });
 
+  test('found in review: an empty HOST is unset (it bound every interface); a config file with a byte order mark is read', async () => {
+    const file = join(dir, 'bom.json');
+    writeFileSync(file, `\ufeff${JSON.stringify(testConfig())}`);
+    const gw = await startCli(['--config', file, '--port', '0'], { HOST: '' });
+    try {
+      assert.match(gw.url, /^http:\/\/127\.0\.0\.1:\d+$/, 'the config\'s host');
+    } finally {
+      gw.child.kill('SIGINT');
+      assert.equal(await gw.exited, 0);
+    }
+  });
+
   test('SIGHUP reloads keys and limits without a restart; an invalid file is rejected whole', async () => {
     const file = writeConfig('reload.json', testConfig());
     const gw = await startCli(['--config', file, '--port', '0']);

@@ -7,6 +7,12 @@ import { sha, testConfig } from '../helpers/gateway.js';
 
 const opts = { baseDir: '/srv/gw', env: { OPENAI_KEY: 'sk-up' } };
 
+function errorsWithEnv(raw: unknown, env: Record<string, string>): string[] {
+  const r = validateConfig(raw, { ...opts, env });
+  assert.equal(r.ok, false, 'expected the config to be rejected');
+  return (r as { errors: string[] }).errors;
+}
+
 function errorsOf(raw: unknown): string[] {
   const r = validateConfig(raw, opts);
   assert.equal(r.ok, false, 'expected the config to be rejected');
@@ -108,6 +114,27 @@ describe('config validation', () => {
     assert.equal(r.config.providers.get('o')!.baseUrl, 'https://api.openai.com/v1');
     assert.equal(r.config.providers.get('a')!.baseUrl, 'http://127.0.0.1:9');
     assert.ok(errorsOf({ providers: { a: { protocol: 'anthropic', baseUrl: 'ftp://x' } } })[0]!.includes('http://'));
+  });
+
+  test('found in review: what validated and then failed every call or the start is refused at load, by its path', () => {
+    // A key read from a file, with its newline: trimmed. One with a line break inside: refused.
+    const r = validateConfig({ providers: { o: { protocol: 'openai', apiKeyEnv: 'NL' } } }, { ...opts, env: { NL: 'sk-abc\n' } });
+    assert.ok(r.ok);
+    assert.deepEqual(r.config.providers.get('o')!.apiKeys, ['sk-abc']);
+    assert.deepEqual(errorsWithEnv({ providers: { o: { protocol: 'openai', apiKeyEnv: 'BAD' } } }, { BAD: 'sk-a\nb' }),
+      ['providers.o.apiKeyEnv: environment variable BAD holds characters an HTTP header cannot carry, or over 4096']);
+    // A base URL the endpoint's path is appended to: no query, fragment, credentials or spaces.
+    for (const baseUrl of ['https://h/openai/v1?api-version=1', 'https://h/v1#f', 'https://u:p@h/v1', ' https://h/v1 ']) {
+      const errors = errorsOf({ providers: { p: { protocol: 'openai', baseUrl } } });
+      assert.equal(errors.length, 1, baseUrl);
+      assert.match(errors[0]!, /^providers\.p\.baseUrl: must /, baseUrl);
+    }
+    assert.deepEqual(errorsOf({ limiter: { store: 'redis', url: 'not a url' } }), ['limiter.url: must be a redis:// or rediss:// URL, got "not a url"']);
+    assert.deepEqual(errorsOf({ limiter: { store: 'redis', url: 'http://h:6379' } }), ['limiter.url: must be a redis:// or rediss:// URL, got "http://h:6379"']);
+    // A body is decoded to one string: its bound stays well under V8's longest.
+    assert.match(errorsOf({ server: { maxBodyBytes: 2 ** 29 } })[0]!, /^server\.maxBodyBytes: /);
+    // A value shown in a message is cut short.
+    assert.ok(errorsOf({ ledger: { store: 'x'.repeat(100_000) } })[0]!.length < 300);
   });
 
   test('providers: several keys, where the key goes, static headers; each mistake named', () => {
