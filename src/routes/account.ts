@@ -98,7 +98,7 @@ export function registerAccountRoutes(router: Router<RouteHost>): void {
         gw.admit(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), () => {
           gw.decide(ctx, res, gw.ledger.history(key.account.id, limit, after === '' ? null : after), (page) => {
             sendJson(ctx, res, 200, JSON.stringify({
-              object: 'list', data: page.entries.filter(shown).map(historyItem), has_more: page.hasMore, next_cursor: page.nextCursor,
+              object: 'list', data: page.entries.map(historyItem), has_more: page.hasMore, next_cursor: page.nextCursor,
             }), gw.done);
           });
         });
@@ -106,14 +106,6 @@ export function registerAccountRoutes(router: Router<RouteHost>): void {
     },
   });
 }
-
-/**
- * Whether billing history shows an entry: not a credit of 0, the ledger's note that a prepaid
- * account was given its initial credit when it had none (found in review: a $0 "credit" in the
- * history of every account made prepaid through the admin API). A page may then be shorter
- * than `limit`; its cursor is the ledger's as before.
- */
-const shown = (e: LedgerEntry) => !(e.type === 'credit' && e.amountMicro === 0);
 
 /** A ledger entry as billing history shows it. */
 export function historyItem(e: LedgerEntry) {
