@@ -176,8 +176,8 @@ export class BilledCall implements Exchange {
 
   settle(usage: Usage | null, then: () => void): void {
     if (this.settled) return this.guarded(then);
-    // Counts are cumulative: a final usage below one reported earlier (a provider's bug, or a
-    // hostile one: found in review) is not taken lower than that.
+    // Input counts are cumulative: a final input below one reported earlier (a provider's bug,
+    // or a hostile one: found in review) is not taken lower than that.
     const durable = usage === null ? this.charge(this.abnormalUsage(), true)
       : this.charge(this.reported === null ? usage : atLeast(usage, this.reported), false);
     if (!(durable instanceof Promise)) return this.guarded(then);
@@ -339,12 +339,15 @@ export class BilledCall implements Exchange {
   };
 }
 
-/** `usage` with each count raised to `floor`'s where that is larger. */
+/**
+ * `usage`, with its input taken from `floor` (all three kinds, as `floor` splits them) when
+ * `floor` reported more input in all. The input as a whole, not each kind: a server may count
+ * cache tokens inside its running input and split them out only at the end, and the larger of
+ * each kind would count them twice (found in review). Output is not floored: the first count
+ * a stream reports (Anthropic's message_start: 1) is a placeholder, not a running total.
+ */
 function atLeast(usage: Usage, floor: Usage): Usage {
-  if (usage.inputTokens >= floor.inputTokens && usage.outputTokens >= floor.outputTokens &&
-    usage.cacheReadTokens >= floor.cacheReadTokens && usage.cacheWriteTokens >= floor.cacheWriteTokens) return usage;
-  return {
-    inputTokens: Math.max(usage.inputTokens, floor.inputTokens), outputTokens: Math.max(usage.outputTokens, floor.outputTokens),
-    cacheReadTokens: Math.max(usage.cacheReadTokens, floor.cacheReadTokens), cacheWriteTokens: Math.max(usage.cacheWriteTokens, floor.cacheWriteTokens),
-  };
+  const input = usage.inputTokens + usage.cacheReadTokens + usage.cacheWriteTokens;
+  if (input >= floor.inputTokens + floor.cacheReadTokens + floor.cacheWriteTokens) return usage;
+  return { inputTokens: floor.inputTokens, outputTokens: usage.outputTokens, cacheReadTokens: floor.cacheReadTokens, cacheWriteTokens: floor.cacheWriteTokens };
 }

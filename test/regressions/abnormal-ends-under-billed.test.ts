@@ -289,4 +289,16 @@ describe('regression: abnormal ends were under-billed', () => {
     await res.text();
     assert.deepEqual([last().estimated, last().inputTokens, last().outputTokens], [false, 50_000, 5]);
   });
+
+  test('a running input count without cache detail, then a final one that splits out cached tokens: counted once (found in the review of the floor: the larger of each kind counted 800 cached tokens twice)', async () => {
+    const chunk = (usage: Record<string, unknown>, choices: unknown[] = [{ index: 0, delta: { content: 'word' } }]) => `data: ${JSON.stringify({ id: 'c', choices, usage })}\n\n`;
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(chunk({ prompt_tokens: 1000, completion_tokens: 1 }) + chunk({ prompt_tokens: 1000, completion_tokens: 2 }) +
+        chunk({ prompt_tokens: 1000, completion_tokens: 2, prompt_tokens_details: { cached_tokens: 800 } }, []) + 'data: [DONE]\n\n');
+    });
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-a', { model: 'gpt-run', stream: true, stream_options: { include_usage: true }, messages: [{ role: 'user', content: 'x' }] });
+    assert.ok((await res.text()).endsWith('data: [DONE]\n\n'));
+    assert.deepEqual([last().estimated, last().inputTokens, last().outputTokens], [false, 1000, 2]);
+  });
 });
