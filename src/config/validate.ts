@@ -211,7 +211,7 @@ function checkLimiter(c: Checker, value: unknown): LimiterConfig {
   }
   if (o.url === undefined) c.fail('limiter.url', 'is required when store is "redis"');
   const url = c.string('limiter.url', o.url, '');
-  if (url !== '' && !isRedisUrl(url)) c.fail('limiter.url', `must be a redis:// or rediss:// URL, got ${shown(url)}`);
+  if (url !== '' && !isRedisUrl(url)) c.fail('limiter.url', `must be a redis://, rediss:// or unix:// URL, got ${shown(url)}`);
   return {
     store: 'redis',
     url,
@@ -276,6 +276,8 @@ const OWN_HEADERS = new Set([
 const CREDENTIAL_HEADERS = new Set(['authorization', 'x-api-key', 'api-key']);
 const TOKEN = /^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$/;
 const HEADER_VALUE = /^[\t\x20-\x7e\x80-\xff]{0,4096}$/;
+/** A provider key: what a header value may hold, of any length (a JWT can be long). */
+const KEY_VALUE = /^[\t\x20-\x7e\x80-\xff]+$/;
 
 /** A provider's static `headers` (`{name: value}`), as lowercase name/value pairs. */
 function staticHeaders(c: Checker, path: string, value: unknown): string[] {
@@ -315,7 +317,7 @@ function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): M
       try { url = new URL(baseUrl); } catch { /* reported below */ }
       if (url === null || (url.protocol !== 'http:' && url.protocol !== 'https:') || baseUrl.trim() !== baseUrl) {
         c.fail(`${path}.baseUrl`, `must be an http:// or https:// URL, got ${shown(o.baseUrl)}`);
-      } else if (url.search !== '' || url.hash !== '' || url.username !== '' || url.password !== '') {
+      } else if (baseUrl.includes('?') || baseUrl.includes('#') || url.username !== '' || url.password !== '') {
         // The gateway appends the endpoint's path: a query or fragment would swallow it, and
         // credentials in the URL are never sent (found in review: each misrouted every call).
         c.fail(`${path}.baseUrl`, 'must have no query, fragment or credentials (the provider\'s key goes in apiKeyEnv)');
@@ -334,8 +336,8 @@ function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): M
         // Surrounding whitespace dropped: a key read from a file often ends with a newline,
         // which no HTTP header can carry (found in review: every call was a 500).
         const value = name !== '' && Object.hasOwn(env, name) ? env[name]?.trim() : undefined;
-        if (typeof value === 'string' && value !== '' && HEADER_VALUE.test(value)) apiKeys.push(value);
-        else if (typeof value === 'string' && value !== '') c.fail(at, `environment variable ${name} holds characters an HTTP header cannot carry, or over 4096`);
+        if (typeof value === 'string' && value !== '' && KEY_VALUE.test(value)) apiKeys.push(value);
+        else if (typeof value === 'string' && value !== '') c.fail(at, `environment variable ${name} holds characters an HTTP header cannot carry`);
         else if (name !== '') c.fail(at, `environment variable ${name} is not set`);
       });
     }
@@ -537,7 +539,7 @@ function checkKeys(
 function isRedisUrl(text: string): boolean {
   try {
     const url = new URL(text);
-    return url.protocol === 'redis:' || url.protocol === 'rediss:';
+    return url.protocol === 'redis:' || url.protocol === 'rediss:' || url.protocol === 'unix:'; // the redis package's own
   } catch {
     return false;
   }

@@ -122,15 +122,21 @@ describe('config validation', () => {
     assert.ok(r.ok);
     assert.deepEqual(r.config.providers.get('o')!.apiKeys, ['sk-abc']);
     assert.deepEqual(errorsWithEnv({ providers: { o: { protocol: 'openai', apiKeyEnv: 'BAD' } } }, { BAD: 'sk-a\nb' }),
-      ['providers.o.apiKeyEnv: environment variable BAD holds characters an HTTP header cannot carry, or over 4096']);
+      ['providers.o.apiKeyEnv: environment variable BAD holds characters an HTTP header cannot carry']);
     // A base URL the endpoint's path is appended to: no query, fragment, credentials or spaces.
-    for (const baseUrl of ['https://h/openai/v1?api-version=1', 'https://h/v1#f', 'https://u:p@h/v1', ' https://h/v1 ']) {
+    for (const baseUrl of ['https://h/openai/v1?api-version=1', 'https://h/v1#f', 'https://h/v1?', 'https://h/v1#', 'https://u:p@h/v1', ' https://h/v1 ']) {
       const errors = errorsOf({ providers: { p: { protocol: 'openai', baseUrl } } });
       assert.equal(errors.length, 1, baseUrl);
       assert.match(errors[0]!, /^providers\.p\.baseUrl: must /, baseUrl);
     }
-    assert.deepEqual(errorsOf({ limiter: { store: 'redis', url: 'not a url' } }), ['limiter.url: must be a redis:// or rediss:// URL, got "not a url"']);
-    assert.deepEqual(errorsOf({ limiter: { store: 'redis', url: 'http://h:6379' } }), ['limiter.url: must be a redis:// or rediss:// URL, got "http://h:6379"']);
+    assert.deepEqual(errorsOf({ limiter: { store: 'redis', url: 'not a url' } }), ['limiter.url: must be a redis://, rediss:// or unix:// URL, got "not a url"']);
+    assert.deepEqual(errorsOf({ limiter: { store: 'redis', url: 'http://h:6379' } }), ['limiter.url: must be a redis://, rediss:// or unix:// URL, got "http://h:6379"']);
+    for (const url of ['redis://:pw@h:6379/2', 'rediss://u:pw@h', 'unix:///run/redis.sock']) assert.ok(validateConfig({ limiter: { store: 'redis', url } }, opts).ok, url);
+    // Keys of any length (a JWT can be long), spaces inside included.
+    assert.ok(validateConfig({ providers: { o: { protocol: 'openai', apiKeyEnv: 'LONG' } } }, { ...opts, env: { LONG: `ey${'x'.repeat(6000)} y` } }).ok);
+    for (const baseUrl of ['http://[::1]:8000/v1', 'https://r.openai.azure.com/openai/v1', 'http://10.0.0.7:8000/v1/']) {
+      assert.ok(validateConfig({ providers: { p: { protocol: 'openai', baseUrl } } }, opts).ok, baseUrl);
+    }
     // A body is decoded to one string: its bound stays well under V8's longest.
     assert.match(errorsOf({ server: { maxBodyBytes: 2 ** 29 } })[0]!, /^server\.maxBodyBytes: /);
     // A value shown in a message is cut short.
