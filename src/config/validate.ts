@@ -173,9 +173,10 @@ function checkServer(c: Checker, value: unknown): ServerConfig {
   return {
     host: c.string('server.host', o.host, d.host),
     port: c.int('server.port', o.port, 0, 65535, d.port),
-    // At most 256 MiB: a body is decoded to one string, and V8's longest is just under 512 Mi
-    // characters (found in review: a body over it was a 500 with a stack in the log).
-    maxBodyBytes: c.int('server.maxBodyBytes', o.maxBodyBytes, 1, 1 << 28, d.maxBodyBytes),
+    // A body is decoded to one string (of at most as many characters as it has bytes), and
+    // V8's longest string is 0x1fffffe8 characters (found in review: a body over it was a 500
+    // with a stack in the log).
+    maxBodyBytes: c.int('server.maxBodyBytes', o.maxBodyBytes, 1, 0x1fffffe8, d.maxBodyBytes),
     requestTimeoutMs: c.int('server.requestTimeoutMs', o.requestTimeoutMs, 1, 3_600_000, d.requestTimeoutMs),
     drainDelayMs: c.int('server.drainDelayMs', o.drainDelayMs, 0, 3_600_000, d.drainDelayMs),
     drainTimeoutMs: c.int('server.drainTimeoutMs', o.drainTimeoutMs, 0, 3_600_000, d.drainTimeoutMs),

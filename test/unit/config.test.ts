@@ -139,6 +139,7 @@ describe('config validation', () => {
     }
     // A body is decoded to one string: its bound stays well under V8's longest.
     assert.match(errorsOf({ server: { maxBodyBytes: 2 ** 29 } })[0]!, /^server\.maxBodyBytes: /);
+    assert.ok(validateConfig({ server: { maxBodyBytes: 0x1fffffe8 } }, opts).ok);
     // A value shown in a message is cut short.
     assert.ok(errorsOf({ ledger: { store: 'x'.repeat(100_000) } })[0]!.length < 300);
   });
