@@ -73,6 +73,17 @@ export function checkBasics(body: unknown): Checked | null {
 }
 
 /**
+ * An OpenAI `service_tier` the gateway can price: the standard one. A priority tier is billed
+ * about twice the standard price and flex half, while the gateway charges its own prices: a key
+ * holder could make the provider's bill outrun the charge (found in review).
+ */
+export function checkServiceTier(b: Record<string, unknown>): Checked | null {
+  const tier = b.service_tier;
+  if (tier === undefined || tier === null || tier === 'auto' || tier === 'default') return null;
+  return bad('service_tier', 'This gateway prices calls at the standard tier: "service_tier" may be "auto" or "default".');
+}
+
+/**
  * The output-limit fields of a body, each an integer from 1 (the model's bound is checked once
  * the model is known): any integer is not enough, 1e308 is one, and would put Infinity into
  * the estimate. Returns the fields set, or the first bad one.

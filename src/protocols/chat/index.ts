@@ -1,6 +1,6 @@
 import type { Usage } from '../../money.js';
 import {
-  ABSENT, bad, checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
+  ABSENT, bad, checkBasics, checkMessages, checkServiceTier, count, echo, INVALID, isObj, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
   sendJson, textChars, tokensOf, withModel,
 } from '../common.js';
 import { prependTopLevel } from '../splice.js';
@@ -55,6 +55,8 @@ export const chat: WireProtocol = {
     if (b.stream_options !== undefined && b.stream_options !== null && !isObj(b.stream_options)) {
       return bad('stream_options', '"stream_options" must be an object.');
     }
+    const tier = checkServiceTier(b);
+    if (tier !== null) return tier;
     return { ok: true, call: { body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices } };
   },
 

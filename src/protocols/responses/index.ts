@@ -1,7 +1,7 @@
 import type { Usage } from '../../money.js';
 import { eventData, eventName } from '../../providers/sse.js';
 import {
-  ABSENT, bad, checkBasics, count, echo, INVALID, isObj, modelSwapped, outputLimits, partsText, pieces, pump, sendJson, sseEvent,
+  ABSENT, bad, checkBasics, checkServiceTier, count, echo, INVALID, isObj, modelSwapped, outputLimits, partsText, pieces, pump, sendJson, sseEvent,
   textChars, tokensOf,
 } from '../common.js';
 import type { WireProtocol } from '../types.js';
@@ -92,6 +92,12 @@ export const responses: WireProtocol = {
     }
     const limits = outputLimits(b, ['max_output_tokens']);
     if (!Array.isArray(limits)) return limits;
+    // A background response is answered before it is generated ("queued", no usage): the call
+    // would be charged its input estimate alone while the provider bills the whole generation
+    // (found in review). The gateway meters a call from its answer.
+    if (b.background === true) return bad('background', '"background" responses are not supported by this gateway: it meters each call from its answer.');
+    const tier = checkServiceTier(b);
+    if (tier !== null) return tier;
     return { ok: true, call: { body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices: 1 } };
   },
 
