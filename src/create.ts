@@ -103,9 +103,11 @@ async function openAdminStore(config: GatewayConfig, ledger: Ledger, logger: Log
   const { Client } = loadPg();
   return PostgresAdminStore.open({
     pool: (ledger as PostgresLedger).pool, schema: where.schema, logger,
-    // TCP keepalive: a connection that went half-open gives no error of its own; and a
-    // reconnect that hangs is given up (then tried again).
-    listener: () => new Client({ connectionString: where.url, keepAlive: true, connectionTimeoutMillis: 5000 }),
+    // A connection that went half-open gives no error of its own: TCP keepalive from 10 s of
+    // silence (not the system's two hours), and a statement with no answer fails after 5 s
+    // (LISTEN, and the store's regular check of the connection); a reconnect that hangs is
+    // given up (then tried again).
+    listener: () => new Client({ connectionString: where.url, keepAlive: true, keepAliveInitialDelayMillis: 10_000, connectionTimeoutMillis: 5000, query_timeout: 5000 }),
   });
 }
 

@@ -232,6 +232,7 @@ export class PostgresLedger implements Ledger {
       if (!this.up) return;
       this.logger?.error('postgres ledger unavailable: model calls get 503 until it answers', { error: err.message });
       this.up = false;
+      this.refuseWaiters();
       this.retryLater();
     });
   }
@@ -290,12 +291,26 @@ export class PostgresLedger implements Ledger {
   private down(err: Error, batch: Pending[]): void {
     if (this.up) this.logger?.error('postgres ledger unavailable: model calls get 503 until it answers', { error: err.message });
     this.up = false;
-    const refusal = new GatewayError('ledger_unavailable', { retryAfterS: 1 });
-    for (const p of batch) p.reject(refusal);
-    // Entries wait for the database; refused admin credits do not (see append).
-    const kept = batch.filter((p) => !adminCredit(p.entry));
-    this.queue.unshift(...kept.map((p) => ({ entry: p.entry, resolve: noop, reject: noop })));
+    this.queue.unshift(...batch);
+    this.refuseWaiters();
     this.retryLater();
+  }
+
+  /**
+   * The database is away: every waiter still queued is refused now (its call gets no complete
+   * answer), not when the database is back (found in review: the entries queued behind the
+   * failed batch waited out the whole outage, and their calls with them). The entries wait for
+   * the database; refused admin credits do not (see append).
+   */
+  private refuseWaiters(): void {
+    const refusal = new GatewayError('ledger_unavailable', { retryAfterS: 1 });
+    const kept: Pending[] = [];
+    for (const p of this.queue) {
+      p.reject(refusal);
+      if (!adminCredit(p.entry)) kept.push({ entry: p.entry, resolve: noop, reject: noop });
+    }
+    this.queue.length = 0;
+    this.queue.push(...kept);
   }
 
   private retryLater(): void {

@@ -115,6 +115,20 @@ describe('a fleet on one PostgreSQL ledger', { skip: noPostgres }, () => {
     const { key: laterKey } = await later.json() as { key: string };
     await until(async () => (await get(`${one!.url}/v1/models`, laterKey)).status === 200, 1000, 'a later change reaches instance one within 1 s');
   });
+
+  test('a change whose NOTIFY never came is read by every instance at its next check of the listener (found in review: a missed NOTIFY, or a read after one that failed, left a deleted key working until the next change)', async () => {
+    assert.equal((await get(`${instances[0]!.url}/v1/models`, 'sk-bob')).status, 200);
+    // key_bob deleted by writing the state directly, with no NOTIFY: as if it was lost.
+    const row = sql(`SELECT state FROM "${schema}".admin_state WHERE id = 1`).trim();
+    const stored = (row === '' ? { version: 2, plans: [], accounts: [], keys: [], keyPatches: [], deletedKeys: [] } : JSON.parse(row)) as { deletedKeys: string[] };
+    stored.deletedKeys.push('key_bob');
+    const text = JSON.stringify(stored).replace(/'/g, "''");
+    sql(`INSERT INTO "${schema}".admin_state AS a (id, version, state) VALUES (1, 1, '${text}')
+      ON CONFLICT (id) DO UPDATE SET version = a.version + 1, state = excluded.state`);
+    for (const { url } of instances) {
+      await until(async () => (await get(`${url}/v1/models`, 'sk-bob')).status === 401, 5000, 'the key refused (checked every 2 s)');
+    }
+  });
 });
 
 describe('Redis and PostgreSQL: money Redis lost is rebuilt from the ledger', { skip: noPostgres || (hasRedis ? false : 'redis-server is not installed') }, () => {

@@ -163,6 +163,31 @@ for (const store of stores()) {
   });
 }
 
+describe('postgres ledger, its database failing under it (a stand-in pool)', () => {
+  test('the waiters of entries queued behind a batch that fails are refused at once, not when the database is back (found in review: they waited out the outage)', async () => {
+    const pending: Array<{ reject: (err: Error) => void }> = [];
+    const pool = {
+      query: (q: unknown) => typeof q === 'string' ? Promise.reject(new Error('connection refused'))
+        : new Promise((_resolve, reject) => { pending.push({ reject }); }),
+      connect: () => Promise.reject(new Error('not used')),
+      end: () => Promise.resolve(),
+    };
+    const Ledger = PostgresLedger as unknown as new (...args: unknown[]) => PostgresLedger;
+    const ledger = new Ledger(pool, new Set(), 'stand_in', { logger: quiet, retryMs: 60_000 });
+    const tick = () => new Promise((r) => setImmediate(r));
+    const first = ledger.append(entry('w', 1));
+    await tick();
+    const second = ledger.append(entry('w', 2));
+    await tick();
+    const third = ledger.append(entry('w', 3)); // both writes under way: it waits in the queue
+    await tick();
+    assert.equal(pending.length, 2);
+    for (const p of pending) p.reject(Object.assign(new Error('connection terminated'), { code: '57P01' }));
+    for (const waiter of [first, second, third]) await assert.rejects(waiter, (err: { code?: string }) => err.code === 'ledger_unavailable');
+    assert.equal(ledger.ready(), false);
+  });
+});
+
 describe('postgres ledger', { skip: noPostgres }, () => {
   test('a write sent again (same entry id) is recorded once: balances and usage count it once', async () => {
     const schema = freshSchema();
