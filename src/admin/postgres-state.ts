@@ -42,6 +42,8 @@ export class PostgresAdminStore extends AdminStore {
   private changed: (() => void) | null = null;
   /** A change announced before `watch` was called: reported to it then. */
   private missed = false;
+  /** A change announced and not read yet: announced once (the check would queue a read every 2 s). */
+  private announced = false;
   private closed = false;
   private retry: NodeJS.Timeout | null = null;
   private readonly check: NodeJS.Timeout;
@@ -70,6 +72,7 @@ export class PostgresAdminStore extends AdminStore {
   }
 
   override async reload(): Promise<AdminState> {
+    this.announced = false; // a change announced from now on is read again (this read may fail)
     const { rows } = await this.options.pool.query(`SELECT version, state FROM ${this.table} WHERE id = 1`);
     const row = rows[0];
     this.version = row === undefined ? 0 : Number(row.version);
@@ -99,6 +102,8 @@ export class PostgresAdminStore extends AdminStore {
 
   /** A newer version exists: the gateway reads it (in turn with its own changes). */
   private announce(): void {
+    if (this.announced) return;
+    this.announced = true;
     if (this.changed === null) this.missed = true;
     else this.changed();
   }

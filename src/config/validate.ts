@@ -175,8 +175,8 @@ function checkServer(c: Checker, value: unknown): ServerConfig {
     port: c.int('server.port', o.port, 0, 65535, d.port),
     // A body is decoded to one string (of at most as many characters as it has bytes), and
     // V8's longest string is 0x1fffffe8 characters (found in review: a body over it was a 500
-    // with a stack in the log).
-    maxBodyBytes: c.int('server.maxBodyBytes', o.maxBodyBytes, 1, 0x1fffffe8, d.maxBodyBytes),
+    // with a stack in the log); 500 MiB leaves room for what the gateway adds to a body.
+    maxBodyBytes: c.int('server.maxBodyBytes', o.maxBodyBytes, 1, MAX_BODY_BYTES, d.maxBodyBytes),
     requestTimeoutMs: c.int('server.requestTimeoutMs', o.requestTimeoutMs, 1, 3_600_000, d.requestTimeoutMs),
     drainDelayMs: c.int('server.drainDelayMs', o.drainDelayMs, 0, 3_600_000, d.drainDelayMs),
     drainTimeoutMs: c.int('server.drainTimeoutMs', o.drainTimeoutMs, 0, 3_600_000, d.drainTimeoutMs),
@@ -537,7 +537,12 @@ function checkKeys(
   return out;
 }
 
+/** The largest `server.maxBodyBytes`. */
+export const MAX_BODY_BYTES = 500 * 1024 * 1024;
+
 function isRedisUrl(text: string): boolean {
+  // A unix socket URL is the redis package's own (with forms a WHATWG URL cannot parse): it judges it at start.
+  if (text.startsWith('unix:')) return true;
   try {
     const url = new URL(text);
     return url.protocol === 'redis:' || url.protocol === 'rediss:' || url.protocol === 'unix:'; // the redis package's own

@@ -245,6 +245,12 @@ export class PostgresLedger implements Ledger {
   }
 
   private async flush(): Promise<void> {
+    // Gone down since it was scheduled: its entries wait for the retry (their waiters were
+    // refused, so a write now would record a charge whose call was refused: found in review).
+    if (!this.up) {
+      this.writing--;
+      return;
+    }
     const batch = this.queue.splice(0, MAX_BATCH);
     const failed = batch.length === 0 ? null : await this.write(batch);
     this.writing--;

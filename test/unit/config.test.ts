@@ -131,7 +131,7 @@ describe('config validation', () => {
     }
     assert.deepEqual(errorsOf({ limiter: { store: 'redis', url: 'not a url' } }), ['limiter.url: must be a redis://, rediss:// or unix:// URL, got "not a url"']);
     assert.deepEqual(errorsOf({ limiter: { store: 'redis', url: 'http://h:6379' } }), ['limiter.url: must be a redis://, rediss:// or unix:// URL, got "http://h:6379"']);
-    for (const url of ['redis://:pw@h:6379/2', 'rediss://u:pw@h', 'unix:///run/redis.sock']) assert.ok(validateConfig({ limiter: { store: 'redis', url } }, opts).ok, url);
+    for (const url of ['redis://:pw@h:6379/2', 'rediss://u:pw@h', 'unix:///run/redis.sock', 'unix://:pw@/run/r.sock?db=2']) assert.ok(validateConfig({ limiter: { store: 'redis', url } }, opts).ok, url);
     // Keys of any length (a JWT can be long), spaces inside included.
     assert.ok(validateConfig({ providers: { o: { protocol: 'openai', apiKeyEnv: 'LONG' } } }, { ...opts, env: { LONG: `ey${'x'.repeat(6000)} y` } }).ok);
     for (const baseUrl of ['http://[::1]:8000/v1', 'https://r.openai.azure.com/openai/v1', 'http://10.0.0.7:8000/v1/']) {
@@ -139,7 +139,8 @@ describe('config validation', () => {
     }
     // A body is decoded to one string: its bound stays well under V8's longest.
     assert.match(errorsOf({ server: { maxBodyBytes: 2 ** 29 } })[0]!, /^server\.maxBodyBytes: /);
-    assert.ok(validateConfig({ server: { maxBodyBytes: 0x1fffffe8 } }, opts).ok);
+    assert.ok(validateConfig({ server: { maxBodyBytes: 500 * 1024 * 1024 } }, opts).ok);
+    assert.ok(!validateConfig({ server: { maxBodyBytes: 500 * 1024 * 1024 + 1 } }, opts).ok);
     // A value shown in a message is cut short.
     assert.ok(errorsOf({ ledger: { store: 'x'.repeat(100_000) } })[0]!.length < 300);
   });

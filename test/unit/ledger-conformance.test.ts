@@ -7,10 +7,13 @@ import { DAY_MS } from '../../src/clock.js';
 import { LedgerBook } from '../../src/ledger/book.js';
 import { FileLedger } from '../../src/ledger/file.js';
 import { MemoryLedger } from '../../src/ledger/memory.js';
+import { PostgresAdminStore } from '../../src/admin/postgres-state.js';
+import { emptyAdminState, toJson } from '../../src/admin/state.js';
 import { PostgresLedger } from '../../src/ledger/postgres.js';
 import type { Ledger, LedgerEntry } from '../../src/ledger/types.js';
 import { Logger } from '../../src/log.js';
 import { rng } from '../helpers/fake-clock.js';
+import { until } from '../helpers/gateway.js';
 import { dropSchema, freshSchema, noPostgres, PG_URL, sql } from '../helpers/postgres.js';
 
 const T0 = Date.UTC(2026, 0, 15, 10);
@@ -163,6 +166,33 @@ for (const store of stores()) {
   });
 }
 
+describe('postgres admin store (a stand-in database)', () => {
+  test('a newer version found by the regular check is announced once until it is read (found in review: every check queued another read)', async () => {
+    const state = toJson(emptyAdminState());
+    let reads = 0;
+    const pool = { query: () => { reads++; return Promise.resolve({ rows: [{ version: 1, state }] }); } };
+    const listener = {
+      connect: () => Promise.resolve(),
+      query: (text: string) => Promise.resolve({ rows: text.startsWith('SELECT') ? [{ version: 5 }] : [] }),
+      on: () => listener,
+      end: () => Promise.resolve(),
+    };
+    const store = await PostgresAdminStore.open({ pool: pool as never, listener: () => listener, schema: 'stand_in', logger: quiet, checkMs: 10 });
+    try {
+      let announced = 0;
+      store.watch(() => { announced++; });
+      await until(() => announced === 1, 2000, 'the newer version announced');
+      await new Promise((r) => setTimeout(r, 100)); // ten more checks
+      assert.equal(announced, 1, 'once, until it is read');
+      await store.reload(); // read (still behind: the stand-in never moves): announced again
+      await until(() => announced === 2, 2000, 'announced again after the read');
+      assert.equal(reads, 2);
+    } finally {
+      await store.close();
+    }
+  });
+});
+
 describe('postgres ledger, its database failing under it (a stand-in pool)', () => {
   test('the waiters of entries queued behind a batch that fails are refused at once, not when the database is back (found in review: they waited out the outage)', async () => {
     const pending: Array<{ reject: (err: Error) => void }> = [];
@@ -185,6 +215,26 @@ describe('postgres ledger, its database failing under it (a stand-in pool)', () 
     for (const p of pending) p.reject(Object.assign(new Error('connection terminated'), { code: '57P01' }));
     for (const waiter of [first, second, third]) await assert.rejects(waiter, (err: { code?: string }) => err.code === 'ledger_unavailable');
     assert.equal(ledger.ready(), false);
+  });
+
+  test('a write scheduled before the database was found away waits for the retry: a refused call is never recorded as answered (found in review)', async () => {
+    let writes = 0;
+    const pool = {
+      query: (q: unknown) => {
+        if (typeof q === 'string') return Promise.reject(new Error('timeout exceeded when trying to connect'));
+        writes++;
+        return Promise.resolve({ rows: [] });
+      },
+      connect: () => Promise.reject(new Error('not used')),
+      end: () => Promise.resolve(),
+    };
+    const Ledger = PostgresLedger as unknown as new (...args: unknown[]) => PostgresLedger;
+    const ledger = new Ledger(pool, new Set(), 'stand_in', { logger: quiet, retryMs: 60_000 });
+    const waiter = ledger.append(entry('w', 1)); // its write is scheduled (the next turn)
+    (ledger as unknown as { beat(): void }).beat(); // and the heartbeat finds the database away first
+    await assert.rejects(waiter, (err: { code?: string }) => err.code === 'ledger_unavailable');
+    await new Promise((r) => setImmediate(r));
+    assert.equal(writes, 0, 'not written while the ledger is down: the retry writes it');
   });
 });
 
