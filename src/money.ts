@@ -50,12 +50,14 @@ export interface Price {
   readonly output: number;
   readonly cacheRead: number;
   readonly cacheWrite: number;
+  /** Cache writes kept for an hour (Anthropic bills them at twice the input price, against 1.25x for five minutes). */
+  readonly cacheWrite1h: number;
 }
 
-export const FREE: Price = Object.freeze({ input: 0, output: 0, cacheRead: 0, cacheWrite: 0 });
+export const FREE: Price = Object.freeze({ input: 0, output: 0, cacheRead: 0, cacheWrite: 0, cacheWrite1h: 0 });
 
 export function isFree(price: Price): boolean {
-  return price.input === 0 && price.output === 0 && price.cacheRead === 0 && price.cacheWrite === 0;
+  return price.input === 0 && price.output === 0 && price.cacheRead === 0 && price.cacheWrite === 0 && price.cacheWrite1h === 0;
 }
 
 /**
@@ -77,6 +79,8 @@ export interface Usage {
   outputTokens: number;
   cacheReadTokens: number;
   cacheWriteTokens: number;
+  /** Of `cacheWriteTokens`, those written for an hour (Anthropic's `cache_creation` breakdown); absent: none. */
+  cacheWrite1hTokens?: number;
 }
 
 /** A value the limiter engine may hold: a safe integer of micro-dollars, not negative. */
@@ -91,14 +95,16 @@ export function isMicro(value: unknown): value is number {
  * result is always a safe integer (saturating at 2^53 - 1, which no real call reaches).
  */
 export function costMicro(price: Price, usage: Usage): number {
+  const hour = usage.cacheWrite1hTokens ?? 0; // at most cacheWriteTokens (messagesUsage)
   const scaled = usage.inputTokens * price.input + usage.outputTokens * price.output +
-    usage.cacheReadTokens * price.cacheRead + usage.cacheWriteTokens * price.cacheWrite;
+    usage.cacheReadTokens * price.cacheRead + (usage.cacheWriteTokens - hour) * price.cacheWrite + hour * price.cacheWrite1h;
   if (scaled <= Number.MAX_SAFE_INTEGER) {
     const rest = scaled % 1_000_000;
     return (scaled - rest) / 1_000_000 + (rest > 0 ? 1 : 0);
   }
   const big = BigInt(usage.inputTokens) * BigInt(price.input) + BigInt(usage.outputTokens) * BigInt(price.output) +
-    BigInt(usage.cacheReadTokens) * BigInt(price.cacheRead) + BigInt(usage.cacheWriteTokens) * BigInt(price.cacheWrite);
+    BigInt(usage.cacheReadTokens) * BigInt(price.cacheRead) + BigInt(usage.cacheWriteTokens - hour) * BigInt(price.cacheWrite) +
+    BigInt(hour) * BigInt(price.cacheWrite1h);
   const cost = (big + 999_999n) / 1_000_000n;
   return cost > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(cost);
 }

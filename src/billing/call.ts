@@ -349,5 +349,8 @@ export class BilledCall implements Exchange {
 function atLeast(usage: Usage, floor: Usage): Usage {
   const input = usage.inputTokens + usage.cacheReadTokens + usage.cacheWriteTokens;
   if (input >= floor.inputTokens + floor.cacheReadTokens + floor.cacheWriteTokens) return usage;
-  return { inputTokens: floor.inputTokens, outputTokens: usage.outputTokens, cacheReadTokens: floor.cacheReadTokens, cacheWriteTokens: floor.cacheWriteTokens };
+  return {
+    inputTokens: floor.inputTokens, outputTokens: usage.outputTokens, cacheReadTokens: floor.cacheReadTokens, cacheWriteTokens: floor.cacheWriteTokens,
+    cacheWrite1hTokens: floor.cacheWrite1hTokens ?? 0,
+  };
 }

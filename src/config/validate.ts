@@ -360,7 +360,7 @@ function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): M
 
 function checkPrice(c: Checker, path: string, value: unknown): Price {
   if (value === undefined || value === 'free') return FREE;
-  const o = c.object(path, value, ['inputPerMillion', 'outputPerMillion', 'cacheReadPerMillion', 'cacheWritePerMillion']);
+  const o = c.object(path, value, ['inputPerMillion', 'outputPerMillion', 'cacheReadPerMillion', 'cacheWritePerMillion', 'cacheWrite1hPerMillion']);
   if (o === null) return FREE;
   const price = (name: string): number => {
     const micro = c.money(`${path}.${name}`, o[name]) ?? 0;
@@ -368,9 +368,11 @@ function checkPrice(c: Checker, path: string, value: unknown): Price {
     c.fail(`${path}.${name}`, `must be at most ${MAX_PRICE_MICRO / 1e6} (USD per million tokens)`);
     return 0;
   };
+  const cacheWrite = price('cacheWritePerMillion');
   return {
-    input: price('inputPerMillion'), output: price('outputPerMillion'),
-    cacheRead: price('cacheReadPerMillion'), cacheWrite: price('cacheWritePerMillion'),
+    input: price('inputPerMillion'), output: price('outputPerMillion'), cacheRead: price('cacheReadPerMillion'), cacheWrite,
+    // Omitted: the five-minute price, as before this field existed (never free by omission).
+    cacheWrite1h: o.cacheWrite1hPerMillion === undefined ? cacheWrite : price('cacheWrite1hPerMillion'),
   };
 }
 

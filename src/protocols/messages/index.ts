@@ -1,7 +1,7 @@
 import type { Usage } from '../../money.js';
 import { eventData } from '../../providers/sse.js';
 import {
-  checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
+  ABSENT, checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
   sendJson, sseEvent, textChars, tokensOf, withModel,
 } from '../common.js';
 import type { WireProtocol } from '../types.js';
@@ -20,13 +20,17 @@ export function messagesUsage(u: unknown, before: Usage | null): Usage | null {
   const output = count(u.output_tokens);
   const cacheRead = count(u.cache_read_input_tokens);
   const cacheWrite = count(u.cache_creation_input_tokens);
-  if (input === INVALID || output === INVALID || cacheRead === INVALID || cacheWrite === INVALID) return null;
+  // The writes kept for an hour, priced apart (found in review: all were priced as five-minute writes).
+  const hour = isObj(u.cache_creation) ? count(u.cache_creation.ephemeral_1h_input_tokens) : ABSENT;
+  if (input === INVALID || output === INVALID || cacheRead === INVALID || cacheWrite === INVALID || hour === INVALID) return null;
   const next: Usage = {
     inputTokens: input >= 0 ? input : before?.inputTokens ?? -1,
     outputTokens: output >= 0 ? output : before?.outputTokens ?? -1,
     cacheReadTokens: cacheRead >= 0 ? cacheRead : before?.cacheReadTokens ?? 0,
     cacheWriteTokens: cacheWrite >= 0 ? cacheWrite : before?.cacheWriteTokens ?? 0,
+    cacheWrite1hTokens: 0,
   };
+  next.cacheWrite1hTokens = Math.min(next.cacheWriteTokens, hour >= 0 ? hour : before?.cacheWrite1hTokens ?? 0);
   return next.inputTokens < 0 || next.outputTokens < 0 ? null : next;
 }
 

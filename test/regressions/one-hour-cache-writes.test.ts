@@ -1,0 +1,61 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { FakeUpstream, json } from '../helpers/fake-upstream.js';
+import { entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
+
+/**
+ * Found in review: Anthropic bills cache writes kept for an hour at twice the input price (five
+ * minutes: 1.25x), and the gateway priced every write at `cacheWritePerMillion`. A model now
+ * has `cacheWrite1hPerMillion`, and the `cache_creation` breakdown of Anthropic's usage is read,
+ * in a whole answer and in a stream.
+ */
+describe('regression: one-hour cache writes at their own price', () => {
+  const up = new FakeUpstream();
+  let gw: Running;
+  before(async () => {
+    const base = await up.start();
+    gw = await startGateway(testConfig({
+      plans: { p: { rpm: 1000, concurrency: 5 } },
+      accounts: { acct_c: { plan: 'p' } },
+      keys: { key_c: { account: 'acct_c', key: 'sk-cache' } },
+      models: { sonnet: { provider: 'ant', price: { inputPerMillion: 3, outputPerMillion: 15, cacheWritePerMillion: 3.75, cacheWrite1hPerMillion: 6 } } },
+      providers: { ant: { protocol: 'anthropic', baseUrl: base } },
+    }));
+  });
+  after(async () => {
+    await gw.close();
+    await up.close();
+  });
+
+  // 10 input at $3, 5 output at $15, 400 five-minute writes at $3.75 and 600 one-hour writes at $6, per million.
+  const usage = { input_tokens: 10, output_tokens: 5, cache_creation_input_tokens: 1000, cache_creation: { ephemeral_5m_input_tokens: 400, ephemeral_1h_input_tokens: 600 } };
+  const cost = 30 + 75 + 1500 + 3600;
+  const body = (stream: boolean) => ({ model: 'sonnet', max_tokens: 50, stream, messages: [{ role: 'user', content: 'hi' }] });
+
+  test('a whole answer', async () => {
+    up.queue.push((_req, res) => json(res, 200, {
+      id: 'msg_1', type: 'message', role: 'assistant', model: 'x', content: [{ type: 'text', text: 'ok' }], stop_reason: 'end_turn', stop_sequence: null, usage,
+    }));
+    const res = await postJson(`${gw.url}/v1/messages`, 'sk-cache', body(false));
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.deepEqual([entriesOf(gw, 'acct_c').at(-1)!.amountMicro, entriesOf(gw, 'acct_c').at(-1)!.inputTokens], [-cost, 1010]);
+  });
+
+  test('a stream (the breakdown in message_start, message_delta repeating it)', async () => {
+    const sse = (type: string, data: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(sse('message_start', { message: { id: 'm', type: 'message', role: 'assistant', content: [], usage: { ...usage, output_tokens: 1 } } }) +
+        sse('content_block_start', { index: 0, content_block: { type: 'text', text: '' } }) +
+        sse('content_block_delta', { index: 0, delta: { type: 'text_delta', text: 'ok' } }) +
+        sse('content_block_stop', { index: 0 }) +
+        sse('message_delta', { delta: { stop_reason: 'end_turn' }, usage }) + sse('message_stop', {}));
+    });
+    const res = await postJson(`${gw.url}/v1/messages`, 'sk-cache', body(true));
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = entriesOf(gw, 'acct_c').at(-1)!;
+    assert.deepEqual([charge.amountMicro, charge.estimated], [-cost, false]);
+  });
+});
