@@ -52,12 +52,15 @@ export interface Price {
   readonly cacheWrite: number;
   /** Cache writes kept for an hour (Anthropic bills them at twice the input price, against 1.25x for five minutes). */
   readonly cacheWrite1h: number;
+  /** Web searches a model ran (Anthropic's server tool), micro-dollars per thousand. */
+  readonly webSearchPerThousand: number;
 }
 
-export const FREE: Price = Object.freeze({ input: 0, output: 0, cacheRead: 0, cacheWrite: 0, cacheWrite1h: 0 });
+export const FREE: Price = Object.freeze({ input: 0, output: 0, cacheRead: 0, cacheWrite: 0, cacheWrite1h: 0, webSearchPerThousand: 0 });
 
 export function isFree(price: Price): boolean {
-  return price.input === 0 && price.output === 0 && price.cacheRead === 0 && price.cacheWrite === 0 && price.cacheWrite1h === 0;
+  return price.input === 0 && price.output === 0 && price.cacheRead === 0 && price.cacheWrite === 0 && price.cacheWrite1h === 0 &&
+    price.webSearchPerThousand === 0;
 }
 
 /**
@@ -81,6 +84,8 @@ export interface Usage {
   cacheWriteTokens: number;
   /** Of `cacheWriteTokens`, those written for an hour (Anthropic's `cache_creation` breakdown); absent: none. */
   cacheWrite1hTokens?: number;
+  /** Web searches the provider ran for the call (Anthropic's `server_tool_use`); absent: none. */
+  webSearches?: number;
 }
 
 /** A value the limiter engine may hold: a safe integer of micro-dollars, not negative. */
@@ -95,6 +100,19 @@ export function isMicro(value: unknown): value is number {
  * result is always a safe integer (saturating at 2^53 - 1, which no real call reaches).
  */
 export function costMicro(price: Price, usage: Usage): number {
+  const searches = usage.webSearches ?? 0;
+  return searches === 0 ? tokensCost(price, usage) : addMicro(tokensCost(price, usage), searchCost(price, searches));
+}
+
+/** What `searches` web searches cost, rounded up to a micro-dollar (a safe integer: both are bounded). */
+function searchCost(price: Price, searches: number): number {
+  const scaled = searches * price.webSearchPerThousand;
+  if (scaled <= Number.MAX_SAFE_INTEGER) return Math.ceil(scaled / 1000);
+  const cost = (BigInt(searches) * BigInt(price.webSearchPerThousand) + 999n) / 1000n;
+  return cost > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(cost);
+}
+
+function tokensCost(price: Price, usage: Usage): number {
   const hour = usage.cacheWrite1hTokens ?? 0; // at most cacheWriteTokens (messagesUsage)
   const scaled = usage.inputTokens * price.input + usage.outputTokens * price.output +
     usage.cacheReadTokens * price.cacheRead + (usage.cacheWriteTokens - hour) * price.cacheWrite + hour * price.cacheWrite1h;

@@ -351,6 +351,6 @@ function atLeast(usage: Usage, floor: Usage): Usage {
   if (input >= floor.inputTokens + floor.cacheReadTokens + floor.cacheWriteTokens) return usage;
   return {
     inputTokens: floor.inputTokens, outputTokens: usage.outputTokens, cacheReadTokens: floor.cacheReadTokens, cacheWriteTokens: floor.cacheWriteTokens,
-    cacheWrite1hTokens: floor.cacheWrite1hTokens ?? 0,
+    cacheWrite1hTokens: floor.cacheWrite1hTokens ?? 0, webSearches: usage.webSearches ?? 0,
   };
 }

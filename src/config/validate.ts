@@ -1,7 +1,7 @@
 import { hash } from 'node:crypto';
 import { isAbsolute, resolve } from 'node:path';
 import { LOG_BUFFER_BYTES } from '../log.js';
-import { FREE, MAX_PRICE_MICRO, type Price } from '../money.js';
+import { FREE, isFree, MAX_PRICE_MICRO, type Price } from '../money.js';
 import { amountField, boolField, capField, ENTITY_ID, ENTITY_ID_RULE, limitField, modelsField, NAME_ID, NAME_ID_RULE } from './fields.js';
 import type {
   AccountConfig, AuthHeader, DeploymentConfig, GatewayConfig, KeyConfig, LedgerConfig, Limit, LimiterConfig, ModelConfig,
@@ -360,7 +360,7 @@ function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): M
 
 function checkPrice(c: Checker, path: string, value: unknown): Price {
   if (value === undefined || value === 'free') return FREE;
-  const o = c.object(path, value, ['inputPerMillion', 'outputPerMillion', 'cacheReadPerMillion', 'cacheWritePerMillion', 'cacheWrite1hPerMillion']);
+  const o = c.object(path, value, ['inputPerMillion', 'outputPerMillion', 'cacheReadPerMillion', 'cacheWritePerMillion', 'cacheWrite1hPerMillion', 'webSearchPerThousand']);
   if (o === null) return FREE;
   const price = (name: string): number => {
     const micro = c.money(`${path}.${name}`, o[name]) ?? 0;
@@ -369,11 +369,16 @@ function checkPrice(c: Checker, path: string, value: unknown): Price {
     return 0;
   };
   const cacheWrite = price('cacheWritePerMillion');
-  return {
+  const tokens = {
     input: price('inputPerMillion'), output: price('outputPerMillion'), cacheRead: price('cacheReadPerMillion'), cacheWrite,
     // Omitted: the five-minute price, as before this field existed (never free by omission).
     cacheWrite1h: o.cacheWrite1hPerMillion === undefined ? cacheWrite : price('cacheWrite1hPerMillion'),
+    webSearchPerThousand: 0,
   };
+  // Omitted: Anthropic's price, $10 per thousand (a search the provider bills is not free by
+  // omission), unless every token is free (such a model stays free, not billable).
+  const searches = o.webSearchPerThousand !== undefined ? price('webSearchPerThousand') : isFree(tokens) ? 0 : 10_000_000;
+  return { ...tokens, webSearchPerThousand: searches };
 }
 
 function checkModels(c: Checker, record: Obj, providers: Map<string, ProviderConfig>): Map<string, ModelConfig> {

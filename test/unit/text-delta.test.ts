@@ -130,7 +130,7 @@ test('Messages watcher: text deltas are counted without JSON.parse, the same as 
   assert.equal(noted.output, 5 + 9 + 2 + 3);
   w.see(ev('{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":6}}'));
   assert.deepEqual(w.see(ev('{"type":"message_stop"}')), { forward: true, final: true });
-  assert.deepEqual(w.usage(), { inputTokens: 7, outputTokens: 6, cacheReadTokens: 0, cacheWriteTokens: 0, cacheWrite1hTokens: 0 });
+  assert.deepEqual(w.usage(), { inputTokens: 7, outputTokens: 6, cacheReadTokens: 0, cacheWriteTokens: 0, cacheWrite1hTokens: 0, webSearches: 0 });
 });
 
 test('a translated stream reads each text delta once: the translation takes the watcher\'s reading', () => {

@@ -22,13 +22,16 @@ export function messagesUsage(u: unknown, before: Usage | null): Usage | null {
   const cacheWrite = count(u.cache_creation_input_tokens);
   // The writes kept for an hour, priced apart (found in review: all were priced as five-minute writes).
   const hour = isObj(u.cache_creation) ? count(u.cache_creation.ephemeral_1h_input_tokens) : ABSENT;
-  if (input === INVALID || output === INVALID || cacheRead === INVALID || cacheWrite === INVALID || hour === INVALID) return null;
+  // Searches of the web search server tool, billed by the search (found in review: not metered).
+  const searches = isObj(u.server_tool_use) ? count(u.server_tool_use.web_search_requests) : ABSENT;
+  if (input === INVALID || output === INVALID || cacheRead === INVALID || cacheWrite === INVALID || hour === INVALID || searches === INVALID) return null;
   const next: Usage = {
     inputTokens: input >= 0 ? input : before?.inputTokens ?? -1,
     outputTokens: output >= 0 ? output : before?.outputTokens ?? -1,
     cacheReadTokens: cacheRead >= 0 ? cacheRead : before?.cacheReadTokens ?? 0,
     cacheWriteTokens: cacheWrite >= 0 ? cacheWrite : before?.cacheWriteTokens ?? 0,
     cacheWrite1hTokens: 0,
+    webSearches: searches >= 0 ? searches : before?.webSearches ?? 0,
   };
   next.cacheWrite1hTokens = Math.min(next.cacheWriteTokens, hour >= 0 ? hour : before?.cacheWrite1hTokens ?? 0);
   return next.inputTokens < 0 || next.outputTokens < 0 ? null : next;

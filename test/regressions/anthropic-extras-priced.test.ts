@@ -5,11 +5,12 @@ import { entriesOf, postJson, startGateway, testConfig, type Running } from '../
 
 /**
  * Found in review: Anthropic bills cache writes kept for an hour at twice the input price (five
- * minutes: 1.25x), and the gateway priced every write at `cacheWritePerMillion`. A model now
- * has `cacheWrite1hPerMillion`, and the `cache_creation` breakdown of Anthropic's usage is read,
- * in a whole answer and in a stream.
+ * minutes: 1.25x), and each search of its web search server tool ($10 a thousand); the gateway
+ * priced every write at `cacheWritePerMillion` and charged no search. A model now has
+ * `cacheWrite1hPerMillion` and `webSearchPerThousand`, and the `cache_creation` and
+ * `server_tool_use` parts of Anthropic's usage are read, in a whole answer and in a stream.
  */
-describe('regression: one-hour cache writes at their own price', () => {
+describe('regression: one-hour cache writes and web searches at their own prices', () => {
   const up = new FakeUpstream();
   let gw: Running;
   before(async () => {
@@ -27,9 +28,13 @@ describe('regression: one-hour cache writes at their own price', () => {
     await up.close();
   });
 
-  // 10 input at $3, 5 output at $15, 400 five-minute writes at $3.75 and 600 one-hour writes at $6, per million.
-  const usage = { input_tokens: 10, output_tokens: 5, cache_creation_input_tokens: 1000, cache_creation: { ephemeral_5m_input_tokens: 400, ephemeral_1h_input_tokens: 600 } };
-  const cost = 30 + 75 + 1500 + 3600;
+  // 10 input at $3, 5 output at $15, 400 five-minute writes at $3.75 and 600 one-hour writes at $6,
+  // per million; 3 searches at $10 a thousand (the default).
+  const usage = {
+    input_tokens: 10, output_tokens: 5, cache_creation_input_tokens: 1000, cache_creation: { ephemeral_5m_input_tokens: 400, ephemeral_1h_input_tokens: 600 },
+    server_tool_use: { web_search_requests: 3 },
+  };
+  const cost = 30 + 75 + 1500 + 3600 + 30_000;
   const body = (stream: boolean) => ({ model: 'sonnet', max_tokens: 50, stream, messages: [{ role: 'user', content: 'hi' }] });
 
   test('a whole answer', async () => {
