@@ -239,10 +239,13 @@ export class BilledCall implements Exchange {
     const reported = this.reported;
     if (reported === null) return { inputTokens: this.inputTokens, outputTokens: relayed, cacheReadTokens: 0, cacheWriteTokens: 0 };
     const price = this.model.price;
-    const reportedInput = { ...reported, outputTokens: 0 };
-    const estimatedInput = { inputTokens: this.inputTokens, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
+    // Input against input: the searches reported are added after (found in review: compared
+    // with the estimate's input, they could replace it, or be dropped).
+    const reportedInput: Usage = { ...reported, outputTokens: 0, webSearches: 0 };
+    const estimatedInput: Usage = { inputTokens: this.inputTokens, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: 0 };
     const input = costMicro(price, reportedInput) >= costMicro(price, estimatedInput) ? reportedInput : estimatedInput;
     input.outputTokens = Math.max(reported.outputTokens, relayed);
+    input.webSearches = reported.webSearches ?? 0;
     return input;
   }
 

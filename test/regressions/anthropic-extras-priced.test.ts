@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
+import { estimateInputTokens } from '../../src/billing/estimate.js';
 import { FakeUpstream, json } from '../helpers/fake-upstream.js';
 import { entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
 
@@ -62,5 +63,26 @@ describe('regression: one-hour cache writes and web searches at their own prices
     await res.text();
     const charge = entriesOf(gw, 'acct_c').at(-1)!;
     assert.deepEqual([charge.amountMicro, charge.estimated], [-cost, false]);
+  });
+
+  test('a stream cut after two searches ran, before message_delta gave their count: charged them, on top of the larger of the input reported and the estimate (found in review: no search charged; compared with the estimate, they could replace it)', async () => {
+    const sse = (type: string, data: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
+    const search = (index: number) => sse('content_block_start', { index, content_block: { type: 'server_tool_use', id: `srvtoolu_${index}`, name: 'web_search', input: {} } }) +
+      sse('content_block_stop', { index });
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(sse('message_start', { message: { id: 'm', type: 'message', role: 'assistant', content: [], usage: { input_tokens: 10, output_tokens: 1, server_tool_use: { web_search_requests: 0 } } } }) +
+        search(0) + search(1));
+      setTimeout(() => res.socket?.destroy(), 30);
+    });
+    const long = { ...body(true), messages: [{ role: 'user', content: 'x'.repeat(4000) }] };
+    const res = await postJson(`${gw.url}/v1/messages`, 'sk-cache', long);
+    await assert.rejects(res.text());
+    const charge = entriesOf(gw, 'acct_c').at(-1)!;
+    const estimate = estimateInputTokens(long)!;
+    assert.equal(charge.estimated, true);
+    assert.equal(charge.inputTokens, estimate, 'the estimate (over the 10 reported)');
+    // The estimate's input at $3, one output token at $15, two searches at $10 a thousand.
+    assert.equal(charge.amountMicro, -(Math.ceil((estimate * 3_000_000 + 15_000_000) / 1_000_000) + 20_000));
   });
 });

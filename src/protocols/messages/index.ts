@@ -134,6 +134,16 @@ export const messages: WireProtocol = {
             }
             break;
           }
+          case 'content_block_start': {
+            // A web search the model ran: billed even if the stream ends before message_delta
+            // gives the count (found in review: a client leaving then was charged no search).
+            const block = isObj(msg.content_block) ? msg.content_block : {};
+            if (block.type === 'server_tool_use' && block.name === 'web_search' && usage !== null) {
+              usage = { ...usage, webSearches: (usage.webSearches ?? 0) + 1 };
+              ex.noteUsage(usage);
+            }
+            break;
+          }
           case 'content_block_delta': {
             const d = isObj(msg.delta) ? msg.delta : {};
             for (const field of ['text', 'thinking', 'partial_json']) {
