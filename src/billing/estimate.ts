@@ -126,3 +126,21 @@ function textSource(source: unknown): boolean {
   const type = (source as { type?: unknown }).type;
   return type === 'text' || type === 'content';
 }
+
+/**
+ * Web searches a request allows at most: the `max_uses` of its web search server tools
+ * (Anthropic's), summed; 0 when none sets one (the provider then sets no bound the gateway can
+ * see). Reserved with the call, so calls in flight cannot search past a cap unseen.
+ */
+export function searchesAllowed(body: Record<string, unknown>): number {
+  if (!Array.isArray(body.tools)) return 0;
+  let n = 0;
+  for (const tool of body.tools as unknown[]) {
+    if (tool === null || typeof tool !== 'object') continue;
+    const t = tool as { type?: unknown; max_uses?: unknown };
+    if (typeof t.type === 'string' && t.type.startsWith('web_search') && Number.isSafeInteger(t.max_uses) && (t.max_uses as number) > 0) {
+      n = Math.min(MAX_TOKENS, n + (t.max_uses as number));
+    }
+  }
+  return n;
+}

@@ -4,7 +4,7 @@ import { readBody, type BodyResult } from '../http/body.js';
 import type { RequestContext } from '../http/context.js';
 import { sendError } from '../http/reply.js';
 import { costMicro, MAX_TOKENS } from '../money.js';
-import { estimateInputTokens, MAX_DEPTH } from '../billing/estimate.js';
+import { estimateInputTokens, MAX_DEPTH, searchesAllowed } from '../billing/estimate.js';
 import { WIRES } from '../protocols/index.js';
 import type { CallRequest, Endpoint, WireProtocol } from '../protocols/types.js';
 import type { Deployment, ModelEntry } from '../directory.js';
@@ -127,7 +127,7 @@ function afterBody(
   // Every answer of `n` may use the whole output budget.
   const reservedOutput = Math.min(MAX_TOKENS, maxOutput * call.choices);
   const estimate = model.billable
-    ? costMicro(model.price, { inputTokens, outputTokens: reservedOutput, cacheReadTokens: 0, cacheWriteTokens: 0 })
+    ? costMicro(model.price, { inputTokens, outputTokens: reservedOutput, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: searchesAllowed(call.body) })
     : null;
   // In-flight calls keep the providers they started with across a reload.
   const providers = gw.providers;

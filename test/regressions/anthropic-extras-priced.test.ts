@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { estimateInputTokens } from '../../src/billing/estimate.js';
 import { FakeUpstream, json } from '../helpers/fake-upstream.js';
-import { entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
+import { entriesOf, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
 /**
  * Found in review: Anthropic bills cache writes kept for an hour at twice the input price (five
@@ -18,8 +18,8 @@ describe('regression: one-hour cache writes and web searches at their own prices
     const base = await up.start();
     gw = await startGateway(testConfig({
       plans: { p: { rpm: 1000, concurrency: 5 } },
-      accounts: { acct_c: { plan: 'p' } },
-      keys: { key_c: { account: 'acct_c', key: 'sk-cache' } },
+      accounts: { acct_c: { plan: 'p' }, acct_pre: { plan: 'p', balanceUsd: 5 } },
+      keys: { key_c: { account: 'acct_c', key: 'sk-cache' }, key_pre: { account: 'acct_pre', key: 'sk-pre' } },
       models: { sonnet: { provider: 'ant', price: { inputPerMillion: 3, outputPerMillion: 15, cacheWritePerMillion: 3.75, cacheWrite1hPerMillion: 6 } } },
       providers: { ant: { protocol: 'anthropic', baseUrl: base } },
     }));
@@ -84,5 +84,24 @@ describe('regression: one-hour cache writes and web searches at their own prices
     assert.equal(charge.inputTokens, estimate, 'the estimate (over the 10 reported)');
     // The estimate's input at $3, one output token at $15, two searches at $10 a thousand.
     assert.equal(charge.amountMicro, -(Math.ceil((estimate * 3_000_000 + 15_000_000) / 1_000_000) + 20_000));
+  });
+
+  test('a request allowing 1,000 searches reserves them ($10): while it runs, a prepaid account with $5 admits nothing more (found in review: searches were not reserved)', async () => {
+    let answer: (() => void) | null = null;
+    up.queue.push((_req, res) => {
+      answer = () => json(res, 200, { id: 'm', type: 'message', role: 'assistant', model: 'x', content: [{ type: 'text', text: 'ok' }], stop_reason: 'end_turn', stop_sequence: null,
+        usage: { input_tokens: 10, output_tokens: 5 } });
+    });
+    const searching = postJson(`${gw.url}/v1/messages`, 'sk-pre', { ...body(false), tools: [{ type: 'web_search_20250305', name: 'web_search', max_uses: 1000 }] });
+    await until(() => answer !== null, 5000, 'the searching call upstream');
+    const refused = await postJson(`${gw.url}/v1/messages`, 'sk-pre', body(false));
+    assert.equal(refused.status, 402);
+    await refused.text();
+    answer!();
+    assert.equal((await searching).status, 200);
+    up.queue.push((_req, res) => json(res, 200, { id: 'm2', type: 'message', role: 'assistant', model: 'x', content: [], stop_reason: 'end_turn', stop_sequence: null, usage: { input_tokens: 1, output_tokens: 1 } }));
+    const after = await postJson(`${gw.url}/v1/messages`, 'sk-pre', body(false));
+    assert.equal(after.status, 200, 'admitted again once the reservation is settled');
+    await after.text();
   });
 });
