@@ -53,7 +53,8 @@ export class PostgresAdminStore extends AdminStore {
     super(null, `postgres schema ${options.schema}`);
     this.table = `"${options.schema}".admin_state`;
     this.channel = `${options.schema}_admin`;
-    this.check = setInterval(() => void this.checkListener(), options.checkMs ?? 2000);
+    // Never a rejection left unhandled (it would end the process): a check that throws is just tried again.
+    this.check = setInterval(() => void this.checkListener().catch(() => {}), options.checkMs ?? 2000);
     this.check.unref();
   }
 
