@@ -129,18 +129,23 @@ function textSource(source: unknown): boolean {
 
 /**
  * Web searches a request allows at most: the `max_uses` of its web search server tools
- * (Anthropic's), summed; 0 when none sets one (the provider then sets no bound the gateway can
- * see). Reserved with the call, so calls in flight cannot search past a cap unseen.
+ * (Anthropic's), summed; for a web search tool without one, the request's `max_tool_calls`
+ * (the Responses API's bound on all its hosted tool calls), once. 0 when nothing bounds them
+ * (the provider then sets no bound the gateway can see). Reserved with the call, so calls in
+ * flight cannot search past a cap unseen.
  */
 export function searchesAllowed(body: Record<string, unknown>): number {
   if (!Array.isArray(body.tools)) return 0;
   let n = 0;
+  let unbounded = false;
   for (const tool of body.tools as unknown[]) {
     if (tool === null || typeof tool !== 'object') continue;
     const t = tool as { type?: unknown; max_uses?: unknown };
-    if (typeof t.type === 'string' && t.type.startsWith('web_search') && Number.isSafeInteger(t.max_uses) && (t.max_uses as number) > 0) {
-      n = Math.min(MAX_TOKENS, n + (t.max_uses as number));
-    }
+    if (typeof t.type !== 'string' || !t.type.startsWith('web_search')) continue;
+    if (Number.isSafeInteger(t.max_uses) && (t.max_uses as number) > 0) n = Math.min(MAX_TOKENS, n + (t.max_uses as number));
+    else unbounded = true;
   }
+  const calls = body.max_tool_calls;
+  if (unbounded && Number.isSafeInteger(calls) && (calls as number) > 0) n = Math.min(MAX_TOKENS, n + (calls as number));
   return n;
 }

@@ -51,6 +51,11 @@ export interface WireProtocol {
   upstreamBody(ex: Exchange): string;
   /** Usage from a complete JSON answer, or null (none, or not believable). */
   usage(json: unknown): Usage | null;
+  /**
+   * Whether an answer bills something outside its `usage` field (the Responses API's web
+   * searches are its output items): it is then parsed whole. Absent: never.
+   */
+  billsOutsideUsage?(answer: Buffer): boolean;
   /** Characters of generated output in a complete JSON answer (its estimate when usage is missing). */
   outputChars(json: unknown): number;
   /** A watcher for one stream; it also counts generated characters for estimates. */

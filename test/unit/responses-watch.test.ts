@@ -34,7 +34,7 @@ test('Responses watcher: pass-through events are skipped by name, deltas counted
   assert.equal(noted.output, 12);
   assert.equal(w.usage(), null);
   assert.deepEqual(w.see(ev('response.completed', { response: { usage } })), { forward: true, final: true });
-  const want = { inputTokens: 20, outputTokens: 9, cacheReadTokens: 100, cacheWriteTokens: 0 };
+  const want = { inputTokens: 20, outputTokens: 9, cacheReadTokens: 100, cacheWriteTokens: 0, webSearches: 0 };
   assert.deepEqual(w.usage(), want);
   assert.deepEqual(noted.usage, [want]);
 });

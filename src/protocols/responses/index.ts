@@ -14,16 +14,38 @@ import type { WireProtocol } from '../types.js';
  * The gateway keeps no responses: `store` and `previous_response_id` are the provider's business.
  */
 
-/** Usage of a response: `input_tokens` includes the cached ones; `output_tokens` includes reasoning. */
-export function responsesUsage(u: unknown): Usage | null {
+/**
+ * Usage of a response: `input_tokens` includes the cached ones; `output_tokens` includes
+ * reasoning. Each `web_search_call` of its output is a search, billed by the call (found in
+ * review: none was charged).
+ */
+export function responsesUsage(response: Record<string, unknown>): Usage | null {
+  const u = response.usage;
   if (!isObj(u)) return null;
   const input = count(u.input_tokens);
   const output = count(u.output_tokens);
   const cached = isObj(u.input_tokens_details) ? count(u.input_tokens_details.cached_tokens) : ABSENT;
   if (input < 0 || output < 0 || cached === INVALID) return null;
   const cacheRead = Math.min(Math.max(cached, 0), input);
-  return { inputTokens: input - cacheRead, outputTokens: output, cacheReadTokens: cacheRead, cacheWriteTokens: 0 };
+  return { inputTokens: input - cacheRead, outputTokens: output, cacheReadTokens: cacheRead, cacheWriteTokens: 0, webSearches: searchesIn(response.output) };
 }
+
+const WEB_SEARCH_CALL = Buffer.from('"web_search_call"');
+
+/** The web searches among a response's output items. */
+function searchesIn(output: unknown): number {
+  if (!Array.isArray(output)) return 0;
+  let n = 0;
+  for (const item of output) if (isObj(item) && item.type === 'web_search_call') n++;
+  return n;
+}
+
+/**
+ * Hosted tools billed by the call or the session at prices a model's config has no place for:
+ * refused, so no call runs up a bill the gateway cannot charge (found in review). Web search
+ * is priced (`webSearchPerThousand`).
+ */
+const UNPRICED_TOOLS = new Set(['file_search', 'code_interpreter', 'image_generation']);
 
 /** The events that end a stream: each carries the final response (and its usage). */
 const FINAL = new Set(['response.completed', 'response.incomplete', 'response.failed']);
@@ -98,6 +120,14 @@ export const responses: WireProtocol = {
     if (b.background === true) return bad('background', '"background" responses are not supported by this gateway: it meters each call from its answer.');
     const tier = checkServiceTier(b);
     if (tier !== null) return tier;
+    if (Array.isArray(b.tools)) {
+      for (let i = 0; i < b.tools.length; i++) {
+        const tool = b.tools[i] as unknown;
+        if (isObj(tool) && typeof tool.type === 'string' && UNPRICED_TOOLS.has(tool.type)) {
+          return bad(`tools[${i}]`, `"tools[${i}]" (${tool.type}) is billed by the provider at prices this gateway does not charge.`);
+        }
+      }
+    }
     return { ok: true, call: { body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices: 1 } };
   },
 
@@ -105,18 +135,38 @@ export const responses: WireProtocol = {
 
   upstreamBody: modelSwapped,
 
-  usage: (json) => (isObj(json) ? responsesUsage(json.usage) : null),
+  usage: (json) => (isObj(json) ? responsesUsage(json) : null),
+
+  billsOutsideUsage: (answer) => answer.includes(WEB_SEARCH_CALL),
 
   outputChars: (json) => (isObj(json) ? textChars(json.output, OUTPUT) : 0),
 
   watch(ex) {
     let usage: Usage | null = null;
+    let searches = 0;
+    const searchStarted = (event: string) => {
+      const data = eventData(event);
+      let msg: unknown;
+      try {
+        msg = data === null ? null : JSON.parse(data);
+      } catch {
+        return;
+      }
+      if (!isObj(msg) || !isObj(msg.item) || msg.item.type !== 'web_search_call') return;
+      // No tokens reported yet: an abnormal end is charged the input estimate, the output relayed, and these.
+      ex.noteUsage({ inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: ++searches });
+    };
     return {
       see(event) {
         // Known events that only pass through, some of them large, are skipped by name unparsed;
         // anything else (an unknown or odd name, or none) is read from its data's `type`.
         const name = eventName(event);
-        if (name !== null && PASSING.has(name)) return PASS;
+        if (name !== null && PASSING.has(name)) {
+          // A web search that ran is billed even if the stream ends before its usage (looked
+          // for in the event's text first: most items added are messages).
+          if (name === 'response.output_item.added' && event.includes('web_search_call')) searchStarted(event);
+          return PASS;
+        }
         const data = eventData(event);
         if (data === null) return PASS;
         let msg: unknown;
@@ -130,7 +180,7 @@ export const responses: WireProtocol = {
           if (typeof msg.delta === 'string') ex.noteOutput(msg.delta.length);
         } else if (FINAL.has(msg.type)) {
           // The last event: its response carries the usage; it leaves once the charge is settled.
-          usage = isObj(msg.response) ? responsesUsage(msg.response.usage) : null;
+          usage = isObj(msg.response) ? responsesUsage(msg.response) : null;
           if (usage !== null) ex.noteUsage(usage);
           return { forward: true, final: true };
         }
