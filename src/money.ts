@@ -52,15 +52,21 @@ export interface Price {
   readonly cacheWrite: number;
   /** Cache writes kept for an hour (Anthropic bills them at twice the input price, against 1.25x for five minutes). */
   readonly cacheWrite1h: number;
-  /** Web searches a model ran (Anthropic's server tool), micro-dollars per thousand. */
+  /** Web searches a model ran (Anthropic's server tool, the Responses API's), micro-dollars per thousand. */
   readonly webSearchPerThousand: number;
+  /**
+   * Audio tokens in and out (OpenAI bills them at many times the text prices); null when the
+   * config sets none: a request for audio is then refused, as nothing can price it.
+   */
+  readonly audioInput: number | null;
+  readonly audioOutput: number | null;
 }
 
-export const FREE: Price = Object.freeze({ input: 0, output: 0, cacheRead: 0, cacheWrite: 0, cacheWrite1h: 0, webSearchPerThousand: 0 });
+export const FREE: Price = Object.freeze({ input: 0, output: 0, cacheRead: 0, cacheWrite: 0, cacheWrite1h: 0, webSearchPerThousand: 0, audioInput: 0, audioOutput: 0 });
 
 export function isFree(price: Price): boolean {
   return price.input === 0 && price.output === 0 && price.cacheRead === 0 && price.cacheWrite === 0 && price.cacheWrite1h === 0 &&
-    price.webSearchPerThousand === 0;
+    price.webSearchPerThousand === 0 && (price.audioInput ?? 0) === 0 && (price.audioOutput ?? 0) === 0;
 }
 
 /**
@@ -86,6 +92,9 @@ export interface Usage {
   cacheWrite1hTokens?: number;
   /** Web searches the provider ran for the call (Anthropic's `server_tool_use`); absent: none. */
   webSearches?: number;
+  /** Of `inputTokens` and `outputTokens`, the audio ones (OpenAI's `*_tokens_details.audio_tokens`); absent: none. */
+  audioInputTokens?: number;
+  audioOutputTokens?: number;
 }
 
 /** A value the limiter engine may hold: a safe integer of micro-dollars, not negative. */
@@ -114,13 +123,19 @@ function searchCost(price: Price, searches: number): number {
 
 function tokensCost(price: Price, usage: Usage): number {
   const hour = usage.cacheWrite1hTokens ?? 0; // at most cacheWriteTokens (messagesUsage)
-  const scaled = usage.inputTokens * price.input + usage.outputTokens * price.output +
-    usage.cacheReadTokens * price.cacheRead + (usage.cacheWriteTokens - hour) * price.cacheWrite + hour * price.cacheWrite1h;
+  const audioIn = usage.audioInputTokens ?? 0; // at most inputTokens, audioOut at most outputTokens (chatUsage)
+  const audioOut = usage.audioOutputTokens ?? 0;
+  // Audio a provider reported for a model without audio prices (it was not asked for): at the text prices.
+  const audioInPrice = price.audioInput ?? price.input;
+  const audioOutPrice = price.audioOutput ?? price.output;
+  const scaled = (usage.inputTokens - audioIn) * price.input + audioIn * audioInPrice + (usage.outputTokens - audioOut) * price.output +
+    audioOut * audioOutPrice + usage.cacheReadTokens * price.cacheRead + (usage.cacheWriteTokens - hour) * price.cacheWrite + hour * price.cacheWrite1h;
   if (scaled <= Number.MAX_SAFE_INTEGER) {
     const rest = scaled % 1_000_000;
     return (scaled - rest) / 1_000_000 + (rest > 0 ? 1 : 0);
   }
-  const big = BigInt(usage.inputTokens) * BigInt(price.input) + BigInt(usage.outputTokens) * BigInt(price.output) +
+  const big = BigInt(usage.inputTokens - audioIn) * BigInt(price.input) + BigInt(audioIn) * BigInt(audioInPrice) +
+    BigInt(usage.outputTokens - audioOut) * BigInt(price.output) + BigInt(audioOut) * BigInt(audioOutPrice) +
     BigInt(usage.cacheReadTokens) * BigInt(price.cacheRead) + BigInt(usage.cacheWriteTokens - hour) * BigInt(price.cacheWrite) +
     BigInt(hour) * BigInt(price.cacheWrite1h);
   const cost = (big + 999_999n) / 1_000_000n;

@@ -360,7 +360,8 @@ function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): M
 
 function checkPrice(c: Checker, path: string, value: unknown): Price {
   if (value === undefined || value === 'free') return FREE;
-  const o = c.object(path, value, ['inputPerMillion', 'outputPerMillion', 'cacheReadPerMillion', 'cacheWritePerMillion', 'cacheWrite1hPerMillion', 'webSearchPerThousand']);
+  const o = c.object(path, value, ['inputPerMillion', 'outputPerMillion', 'cacheReadPerMillion', 'cacheWritePerMillion', 'cacheWrite1hPerMillion', 'webSearchPerThousand',
+    'audioInputPerMillion', 'audioOutputPerMillion']);
   if (o === null) return FREE;
   const price = (name: string): number => {
     const micro = c.money(`${path}.${name}`, o[name]) ?? 0;
@@ -373,12 +374,15 @@ function checkPrice(c: Checker, path: string, value: unknown): Price {
     input: price('inputPerMillion'), output: price('outputPerMillion'), cacheRead: price('cacheReadPerMillion'), cacheWrite,
     // Omitted: the five-minute price, as before this field existed (never free by omission).
     cacheWrite1h: o.cacheWrite1hPerMillion === undefined ? cacheWrite : price('cacheWrite1hPerMillion'),
-    webSearchPerThousand: 0,
+    webSearchPerThousand: 0, audioInput: 0, audioOutput: 0,
   };
   // Omitted: Anthropic's price, $10 per thousand (a search the provider bills is not free by
   // omission), unless every token is free (such a model stays free, not billable).
-  const searches = o.webSearchPerThousand !== undefined ? price('webSearchPerThousand') : isFree(tokens) ? 0 : 10_000_000;
-  return { ...tokens, webSearchPerThousand: searches };
+  const free = isFree(tokens);
+  const searches = o.webSearchPerThousand !== undefined ? price('webSearchPerThousand') : free ? 0 : 10_000_000;
+  // Omitted: no audio price (a request for audio is refused), unless every token is free.
+  const audio = (name: string): number | null => (o[name] !== undefined ? price(name) : free ? 0 : null);
+  return { ...tokens, webSearchPerThousand: searches, audioInput: audio('audioInputPerMillion'), audioOutput: audio('audioOutputPerMillion') };
 }
 
 function checkModels(c: Checker, record: Obj, providers: Map<string, ProviderConfig>): Map<string, ModelConfig> {

@@ -16,6 +16,16 @@ export interface CallRequest {
   limits: Array<[string, number]>;
   /** How many answers the provider generates (chat's `n`), each up to the output limit. */
   choices: number;
+  /**
+   * Where the request asks for audio in and out (the field to name), when it does: billed at
+   * audio prices, which the model must have (Chat Completions). Absent: no audio.
+   */
+  audio?: AudioAsked | null;
+}
+
+export interface AudioAsked {
+  readonly input: string | null;
+  readonly output: string | null;
 }
 
 export type Checked = { ok: true; call: CallRequest } | { ok: false; message: string; param: string };

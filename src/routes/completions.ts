@@ -3,10 +3,10 @@ import { BilledCall } from '../billing/call.js';
 import { readBody, type BodyResult } from '../http/body.js';
 import type { RequestContext } from '../http/context.js';
 import { sendError } from '../http/reply.js';
-import { costMicro, MAX_TOKENS } from '../money.js';
+import { costMicro, MAX_TOKENS, type Price } from '../money.js';
 import { estimateInputTokens, MAX_DEPTH, searchesAllowed } from '../billing/estimate.js';
 import { WIRES } from '../protocols/index.js';
-import type { CallRequest, Endpoint, WireProtocol } from '../protocols/types.js';
+import type { AudioAsked, CallRequest, Endpoint, WireProtocol } from '../protocols/types.js';
 import type { Deployment, ModelEntry } from '../directory.js';
 import type { Exchange } from '../providers/types.js';
 import { RoutedCall } from '../routing/routed-call.js';
@@ -50,6 +50,26 @@ function checkOutputLimits(call: CallRequest, outputTokenLimit: number): { messa
   return null;
 }
 
+/**
+ * What a call reserves: its input estimate and output budget, its web searches, and, when it
+ * asks for audio, all of its input or output at the audio price (more than it may use: the
+ * estimate does not tell audio from text).
+ */
+function reservation(call: CallRequest, price: Price, inputTokens: number, outputTokens: number): number {
+  const audio = call.audio;
+  return costMicro(price, {
+    inputTokens, outputTokens, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: searchesAllowed(call.body),
+    audioInputTokens: audio?.input != null ? inputTokens : 0, audioOutputTokens: audio?.output != null ? outputTokens : 0,
+  });
+}
+
+/** The field asking for audio the model's prices cannot price (OpenAI bills it far above text), or null. */
+function unpricedAudio(audio: AudioAsked, price: Price): string | null {
+  if (audio.input !== null && price.audioInput === null) return audio.input;
+  if (audio.output !== null && price.audioOutput === null) return audio.output;
+  return null;
+}
+
 function afterBody(
   gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse, wire: WireProtocol, result: BodyResult,
 ): void {
@@ -82,6 +102,12 @@ function afterBody(
   if (model === undefined) {
     return sendError(ctx, res, 'model_not_found', gw.done, {
       message: `The model "${call.model}" does not exist or this key may not use it.`,
+    });
+  }
+  const audioProblem = call.audio == null ? null : unpricedAudio(call.audio, model.price);
+  if (audioProblem !== null) {
+    return sendError(ctx, res, 'invalid_request', gw.done, {
+      message: `"${audioProblem}" asks for audio, which this model has no price for.`, fields: { param: audioProblem },
     });
   }
   const outputProblem = checkOutputLimits(call, model.outputTokenLimit);
@@ -126,9 +152,7 @@ function afterBody(
   if (!gw.ledger.ready()) return sendError(ctx, res, 'ledger_unavailable', gw.done, { retryAfterS: 1 });
   // Every answer of `n` may use the whole output budget.
   const reservedOutput = Math.min(MAX_TOKENS, maxOutput * call.choices);
-  const estimate = model.billable
-    ? costMicro(model.price, { inputTokens, outputTokens: reservedOutput, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: searchesAllowed(call.body) })
-    : null;
+  const estimate = model.billable ? reservation(call, model.price, inputTokens, reservedOutput) : null;
   // In-flight calls keep the providers they started with across a reload.
   const providers = gw.providers;
   gw.admit(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, estimate), (decision) => {

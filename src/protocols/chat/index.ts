@@ -5,7 +5,7 @@ import {
 } from '../common.js';
 import { prependTopLevel } from '../splice.js';
 import { eventData } from '../../providers/sse.js';
-import type { WireProtocol } from '../types.js';
+import type { AudioAsked, WireProtocol } from '../types.js';
 
 /** OpenAI Chat Completions: POST /v1/chat/completions, plain or SSE (`data:` lines, then `data: [DONE]`). */
 
@@ -21,10 +21,43 @@ export function chatUsage(u: unknown, output = true): Usage | null {
   if (!isObj(u)) return null;
   const prompt = count(u.prompt_tokens);
   const completion = count(u.completion_tokens);
-  const cached = isObj(u.prompt_tokens_details) ? count(u.prompt_tokens_details.cached_tokens) : ABSENT;
+  const promptDetails = isObj(u.prompt_tokens_details) ? u.prompt_tokens_details : null;
+  const cached = promptDetails !== null ? count(promptDetails.cached_tokens) : ABSENT;
   if (prompt < 0 || completion === INVALID || (output && completion < 0) || cached === INVALID) return null;
   const cacheRead = Math.min(Math.max(cached, 0), prompt);
-  return { inputTokens: prompt - cacheRead, outputTokens: Math.max(completion, 0), cacheReadTokens: cacheRead, cacheWriteTokens: 0 };
+  const usage: Usage = { inputTokens: prompt - cacheRead, outputTokens: Math.max(completion, 0), cacheReadTokens: cacheRead, cacheWriteTokens: 0 };
+  // Audio tokens, inside the counts above, billed at the audio prices (found in review: at the text ones).
+  const audioIn = promptDetails !== null ? count(promptDetails.audio_tokens) : ABSENT;
+  const audioOut = isObj(u.completion_tokens_details) ? count(u.completion_tokens_details.audio_tokens) : ABSENT;
+  if (audioIn === INVALID || audioOut === INVALID) return null;
+  if (audioIn > 0) usage.audioInputTokens = Math.min(audioIn, usage.inputTokens);
+  if (audioOut > 0) usage.audioOutputTokens = Math.min(audioOut, usage.outputTokens);
+  return usage;
+}
+
+/**
+ * Where a chat request asks for audio: an `input_audio` part or an earlier answer's `audio`
+ * in its messages, and `audio` or `modalities` with "audio" for its answer. Null: none.
+ */
+function audioAsked(b: Record<string, unknown>): AudioAsked | null {
+  let input: string | null = null;
+  const messages = b.messages as unknown[]; // checked: an array of objects
+  for (let i = 0; i < messages.length && input === null; i++) {
+    const m = messages[i] as Record<string, unknown>;
+    if (m.audio !== undefined && m.audio !== null) input = `messages[${i}].audio`;
+    else if (Array.isArray(m.content)) {
+      for (let j = 0; j < m.content.length; j++) {
+        const part = m.content[j] as unknown;
+        if (isObj(part) && part.type === 'input_audio') {
+          input = `messages[${i}].content[${j}]`;
+          break;
+        }
+      }
+    }
+  }
+  const output = Array.isArray(b.modalities) && b.modalities.includes('audio') ? 'modalities'
+    : b.audio !== undefined && b.audio !== null ? 'audio' : null;
+  return input === null && output === null ? null : { input, output };
 }
 
 const OUTPUT = new Set(['content', 'refusal', 'arguments', 'reasoning_content']);
@@ -57,7 +90,10 @@ export const chat: WireProtocol = {
     }
     const tier = checkServiceTier(b);
     if (tier !== null) return tier;
-    return { ok: true, call: { body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices } };
+    return {
+      ok: true,
+      call: { body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices, audio: audioAsked(b) },
+    };
   },
 
   outputBudget: (call, model) => call.maxTokens ?? model.maxOutputTokens,

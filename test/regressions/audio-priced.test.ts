@@ -1,0 +1,94 @@
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { FakeUpstream, json, openaiCompletion, openaiStream } from '../helpers/fake-upstream.js';
+import { entriesOf, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+
+/**
+ * Found in review: OpenAI bills audio tokens at many times the text prices (gpt-4o audio: $40
+ * and $80 per million against $2.50 and $10), inside the same token counts; the gateway charged
+ * them at the text prices. A model now has `audioInputPerMillion` and `audioOutputPerMillion`;
+ * the audio part of a usage is charged at them, and a request for audio that a model has no
+ * audio price for is refused before admission.
+ */
+describe('regression: audio tokens at their own prices, or refused', () => {
+  const up = new FakeUpstream();
+  let gw: Running;
+  before(async () => {
+    const base = await up.start();
+    gw = await startGateway(testConfig({
+      plans: { p: { rpm: 1000, concurrency: 5 } },
+      accounts: { acct_a: { plan: 'p' }, acct_pre: { plan: 'p', balanceUsd: 1 } },
+      keys: { key_a: { account: 'acct_a', key: 'sk-a' }, key_pre: { account: 'acct_pre', key: 'sk-pre' } },
+      models: {
+        text: { provider: 'oai', price: { inputPerMillion: 2.5, outputPerMillion: 10 } },
+        voice: { provider: 'oai', price: { inputPerMillion: 2.5, outputPerMillion: 10, audioInputPerMillion: 40, audioOutputPerMillion: 80 } },
+      },
+      providers: { oai: { protocol: 'openai', baseUrl: base } },
+    }));
+  });
+  after(async () => {
+    await gw.close();
+    await up.close();
+  });
+
+  const audioPart = { type: 'input_audio', input_audio: { data: 'UklGRg==', format: 'wav' } };
+  const refusals: Array<[string, Record<string, unknown>, string]> = [
+    ['an input_audio part', { messages: [{ role: 'user', content: [{ type: 'text', text: 'hi' }, audioPart] }] }, 'messages[0].content[1]'],
+    ['an earlier answer\'s audio', { messages: [{ role: 'user', content: 'hi' }, { role: 'assistant', audio: { id: 'audio_1' } }, { role: 'user', content: 'again' }] }, 'messages[1].audio'],
+    ['an audio answer', { messages: [{ role: 'user', content: 'hi' }], modalities: ['text', 'audio'], audio: { voice: 'alloy', format: 'wav' } }, 'modalities'],
+  ];
+  for (const [what, body, param] of refusals) {
+    test(`${what}, to a model without audio prices: 400 naming ${param}, never sent`, async () => {
+      const hits = up.hits;
+      const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-a', { model: 'text', ...body });
+      assert.equal(res.status, 400);
+      const err = (await res.json()) as { error: { param: string; message: string } };
+      assert.equal(err.error.param, param);
+      assert.match(err.error.message, /audio/);
+      assert.equal(up.hits, hits);
+    });
+  }
+
+  // 1,000 input of which 600 audio, 100 output of which 50 audio.
+  const usage = {
+    prompt_tokens: 1000, completion_tokens: 100, total_tokens: 1100,
+    prompt_tokens_details: { cached_tokens: 0, audio_tokens: 600 }, completion_tokens_details: { reasoning_tokens: 0, audio_tokens: 50 },
+  };
+  const cost = 400 * 2.5 + 600 * 40 + 50 * 10 + 50 * 80;
+
+  test('a whole answer: the audio tokens at the audio prices', async () => {
+    up.queue.push((_req, res) => json(res, 200, openaiCompletion('ok', usage as never)));
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-a', { model: 'voice', ...refusals[0]![1], modalities: ['text', 'audio'], audio: { voice: 'alloy', format: 'wav' } });
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = entriesOf(gw, 'acct_a').at(-1)!;
+    assert.deepEqual([charge.amountMicro, charge.estimated], [-cost, false]);
+  });
+
+  test('a stream: the same from its usage chunk', async () => {
+    up.queue.push(openaiStream(['o', 'k'], usage));
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-a', { model: 'voice', stream: true, ...refusals[0]![1] });
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.equal(entriesOf(gw, 'acct_a').at(-1)!.amountMicro, -cost);
+  });
+
+  test('an audio answer reserves its output at the audio price: 20,000 tokens ($1.60) leave a prepaid $1 nothing while it runs, as text ($0.20) they do', async () => {
+    const body = { model: 'voice', messages: [{ role: 'user', content: 'hi' }], max_completion_tokens: 20_000 };
+    const held = async (extra: Record<string, unknown>) => {
+      let answer: (() => void) | null = null;
+      up.queue.push((_req, res) => { answer = () => json(res, 200, openaiCompletion('ok', { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 })); });
+      const call = postJson(`${gw.url}/v1/chat/completions`, 'sk-pre', { ...body, ...extra });
+      await until(() => answer !== null, 5000, 'the held call upstream');
+      up.queue.push((_req, res) => json(res, 200, openaiCompletion('ok', { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 })));
+      const next = await postJson(`${gw.url}/v1/chat/completions`, 'sk-pre', { ...body, max_completion_tokens: 10 });
+      await next.text();
+      if (next.status !== 200) up.queue.pop();
+      answer!();
+      assert.equal((await call).status, 200);
+      return next.status;
+    };
+    assert.equal(await held({}), 200, 'as text');
+    assert.equal(await held({ modalities: ['text', 'audio'], audio: { voice: 'alloy', format: 'wav' } }), 402, 'as audio');
+  });
+});
