@@ -1,4 +1,5 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
 import type { Clock } from '../clock.js';
 import type { RoutingConfig } from '../config/types.js';
 import type { ModelEntry } from '../directory.js';
@@ -67,6 +68,10 @@ export class BilledCall implements Exchange {
   /** Whether the provider has the whole request (and did not refuse it). */
   private delivered = false;
   private stops: Array<() => void> = [];
+  /** Closed: everything the call held is given back. */
+  private closed = false;
+  /** The connection a pipelined answer waited on (null: it had the socket from the start). */
+  private queuedOn: Socket | null = null;
   /** Armed while the client is not reading what it was sent, on the list it was first armed on. */
   private clientWatch: Watch | null = null;
   private clientList: Watchlist | null = null;
@@ -96,10 +101,20 @@ export class BilledCall implements Exchange {
     // With a remote limiter the client may have gone while admission was awaited: then
     // 'close' has already fired, so settle and release now rather than wait for it.
     // `aborted` is set at once, so the caller sends nothing upstream for a client already gone.
-    if (res.closed) {
+    // A pipelined answer waits behind the ones before it with no socket of its own, and Node
+    // never closes it if the connection dies meanwhile (found in review: its slot and key
+    // were held for good): the connection's own close releases it then.
+    const queued = res.socket === null;
+    if (res.closed || (queued && req.socket.destroyed)) {
       this.aborted = true;
       queueMicrotask(this.onClose);
-    } else res.on('close', this.onClose); // emitted once
+    } else {
+      res.on('close', this.onClose); // emitted once
+      if (queued) {
+        this.queuedOn = req.socket;
+        req.socket.once('close', this.onClose);
+      }
+    }
   }
 
   onAbort(stop: () => void): void {
@@ -322,6 +337,9 @@ export class BilledCall implements Exchange {
 
   /** The response is over: finished, or the client went away first. */
   private readonly onClose = (): void => {
+    if (this.closed) return; // a pipelined answer's connection, then its own close
+    this.closed = true;
+    this.queuedOn?.removeListener('close', this.onClose);
     try {
       this.clientRead();
       if (!this.res.writableFinished) {

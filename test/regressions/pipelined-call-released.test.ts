@@ -1,0 +1,40 @@
+import assert from 'node:assert/strict';
+import { connect } from 'node:net';
+import { after, before, test } from 'node:test';
+import { chatBody, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+
+/**
+ * Found in review: a pipelined request's answer waits behind the one before it with no socket
+ * of its own, and Node never emits its 'close' when the connection dies meanwhile. Its
+ * concurrency slot, its Idempotency-Key and the gateway's in-flight count were held until
+ * restart (twice on a plan of concurrency 2: every later call 429). The connection's close now
+ * releases it.
+ */
+let gw: Running;
+before(async () => {
+  gw = await startGateway(testConfig());
+});
+after(() => gw.close());
+
+function rawRequest(model: string, idempotencyKey: string): string {
+  const body = JSON.stringify(chatBody(model));
+  return `POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sk-alice\r\nContent-Type: application/json\r\n` +
+    `Idempotency-Key: ${idempotencyKey}\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
+}
+
+test('regression: a pipelined call whose connection dies while it waits is released (slot, Idempotency-Key, in-flight count)', async () => {
+  const port = new URL(gw.url).port;
+  const socket = connect(Number(port), '127.0.0.1');
+  await new Promise<void>((resolve) => socket.once('connect', resolve));
+  socket.on('error', () => {});
+  // The first waits 300 ms for its provider; the second is answered at once, behind it.
+  socket.write(rawRequest('slow-1', 'first') + rawRequest('echo-1', 'second'));
+  await until(() => gw.gateway.inFlight === 2, 2000, 'both calls admitted');
+  socket.destroy();
+  await until(() => gw.gateway.inFlight === 0, 2000, 'every call released');
+  const account = gw.gateway.directory.accounts.get('acct_alice')!;
+  assert.equal((await gw.gateway.limiter.snapshot(account)).inFlight, 0);
+  const again = await postJson(`${gw.url}/v1/chat/completions`, 'sk-alice', chatBody('echo-1'), { 'idempotency-key': 'second' });
+  assert.equal(again.status, 200, 'the Idempotency-Key is free again');
+  await again.text();
+});
