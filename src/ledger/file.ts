@@ -33,6 +33,14 @@ const indexName = (seq: number) => `journal-${String(seq).padStart(8, '0')}.idx`
 
 /** The longest record billing history will read at a cursor's word (records are a few hundred bytes). */
 const MAX_RECORD_BYTES = 1024 * 1024;
+/**
+ * A batch (one write and sync) stops taking records past this many bytes: the rest go in the
+ * next. So a power loss can tear at most this much (plus the record that crossed it), and a
+ * hole with more after it is damage of the disk, not a torn write (found in review: one zeroed
+ * sector cut off a 10 MB journal's acknowledged history).
+ */
+const MAX_BATCH_BYTES = 1024 * 1024;
+const MAX_TORN_BYTES = MAX_BATCH_BYTES + MAX_RECORD_BYTES;
 
 /**
  * account -> flat [offset, length, offset, length, ...] of its billing entries in one segment.
@@ -365,8 +373,13 @@ export class FileLedger implements Ledger {
       const newest = new Map<string, Position>();
       let offset = this.size;
       let text = '';
-      for (const p of batch) {
-        const e = p.entry;
+      for (let i = 0; i < batch.length; i++) {
+        if (offset - this.size >= MAX_BATCH_BYTES) {
+          // Full: the rest leave in the next write, ahead of whatever is appended meanwhile.
+          this.pending = batch.splice(i);
+          break;
+        }
+        const e = batch[i]!.entry;
         if (e.type === 'usage') {
           const line = encodeRecord(e);
           text += line;
@@ -652,7 +665,7 @@ function addPosition(index: SegmentIndex, accountId: string, offset: number, len
  * its valid prefix, and why the rest is invalid (null when all of it is valid). Damage is
  * tolerated only as a torn tail: an invalid record followed by nothing but its own bytes, or,
  * with `holes` (the last segment, at start), one that holds zero bytes from a block boundary
- * on, whatever follows it.
+ * on, followed by at most one write's bytes.
  * A record never holds a zero byte (JSON escapes it); a power loss during the last write can
  * leave blocks of zeros inside it with later blocks of the same write on disk after them. That
  * write was never acknowledged (each batch is synced before the next is written): the records
@@ -671,7 +684,11 @@ function scanRecords(
       if (nl === end - 1) return { size: offset, torn: 'last record fails its checksum' };
       // A hole the disk left starts on a block boundary (sectors are 512 bytes at least).
       const zero = data.indexOf(0, offset);
-      if (holes && zero !== -1 && zero < nl && zero % 512 === 0) return { size: offset, torn: 'zero bytes in a record (power lost during the last write)' };
+      if (holes && zero !== -1 && zero < nl && zero % 512 === 0) {
+        // More after it than one write holds: not the last write torn, but damage.
+        if (end - offset > MAX_TORN_BYTES) throw new LedgerCorruptError(name, offset, `zero bytes in a record, with ${end - offset} bytes after them (more than one write)`);
+        return { size: offset, torn: 'zero bytes in a record (power lost during the last write)' };
+      }
       throw new LedgerCorruptError(name, offset, 'record fails its checksum');
     }
     each(decoded, offset, nl + 1 - offset);

@@ -356,6 +356,30 @@ describe('file ledger', () => {
     await assert.rejects(FileLedger.open(sealedDir, { maxSegmentBytes: 600, logger: quiet }), LedgerCorruptError);
   });
 
+  test('a batch is at most about 1 MiB, so a power loss tears at most that: zeros with more after them stop the start (found in review: one zeroed sector cut a 10 MB journal down to its first 4 KB)', async () => {
+    const dir = tmp();
+    const ledger = await FileLedger.open(dir, { logger: quiet });
+    // 3 MB appended at once: three writes or more, in order, each acknowledged.
+    const note = 'n'.repeat(600);
+    await Promise.all(Array.from({ length: 5000 }, (_, i) => ledger.append(charge('a', 1, T0 + i, { note }))));
+    assert.ok(ledger.stats.commits >= 3, `${ledger.stats.commits} writes`);
+    assert.equal(ledger.totals().get('a')!.spentMicro, 5000);
+    await ledger.close();
+    const segment = join(dir, readdirSync(dir).filter((f) => f.endsWith('.log'))[0]!);
+    const bytes = readFileSync(segment);
+    const times = bytes.toString('utf8').trimEnd().split('\n').map((line) => JSON.parse(line.slice(line.indexOf('{'))).c as number);
+    assert.deepEqual(times, times.toSorted((x, y) => x - y), 'the records in the order appended');
+    // One sector of zeros early in the file (a bad sector, not a torn write): refused, nothing cut.
+    bytes.fill(0, 4096, 4608);
+    writeFileSync(segment, bytes);
+    await assert.rejects(FileLedger.open(dir, { logger: quiet }), (err: unknown) => {
+      assert.ok(err instanceof LedgerCorruptError);
+      assert.match(err.message, /more than one write/);
+      return true;
+    });
+    assert.equal(statSync(segment).size, bytes.length);
+  });
+
   test('a crash between sealing steps is finished on the next start', async () => {
     const dir = tmp();
     const ledger = await FileLedger.open(dir, { maxSegmentBytes: 600, logger: quiet });
