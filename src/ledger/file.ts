@@ -41,6 +41,12 @@ const MAX_RECORD_BYTES = 1024 * 1024;
  */
 const MAX_BATCH_BYTES = 1024 * 1024;
 const MAX_TORN_BYTES = MAX_BATCH_BYTES + MAX_RECORD_BYTES;
+/**
+ * Records of finished calls the disk refused, kept to be written first when it takes writes
+ * again (a provider billed those calls: found in review, they were dropped). Past this many,
+ * each further one is logged whole instead.
+ */
+const MAX_HELD = 100_000;
 
 /**
  * account -> flat [offset, length, offset, length, ...] of its billing entries in one segment.
@@ -190,6 +196,8 @@ export class FileLedger implements Ledger {
   /** The pre-pointer records of the open segment (a journal upgraded mid-segment), found at start. */
   private readonly openLegacy: SegmentIndex = new Map();
   private pending: Pending[] = [];
+  /** Call records refused by a failed write, oldest first (see MAX_HELD). */
+  private held: LedgerEntry[] = [];
   private writing = false;
   private failure: Error | null = null;
   private retryTimer: NodeJS.Timeout | null = null;
@@ -221,7 +229,10 @@ export class FileLedger implements Ledger {
   }
 
   append(entry: LedgerEntry): Promise<void> {
-    if (this.failure !== null) return Promise.reject(this.failure);
+    if (this.failure !== null) {
+      this.hold(entry);
+      return Promise.reject(this.failure);
+    }
     return new Promise((resolve, reject) => {
       this.pending.push({ entry, resolve, reject });
       if (!this.writing) {
@@ -350,6 +361,16 @@ export class FileLedger implements Ledger {
       this.closing = (async () => {
         if (this.retryTimer !== null) clearTimeout(this.retryTimer);
         while (this.writing || this.pending.length > 0) await new Promise((r) => setTimeout(r, 1));
+        if (this.failure !== null) {
+          // A last try: the held records, and the segment cut back to what was acknowledged
+          // (found in review: a refused credit's bytes were replayed at the next start).
+          try {
+            await this.writeHeld();
+          } catch {
+            await this.handle?.truncate(this.size).catch(() => {});
+            for (const entry of this.held) this.logger?.error('ledger: a call record the disk refused, not written', recordFields(entry));
+          }
+        }
         await this.handle?.close().catch(() => {});
         this.handle = null;
         this.lock.release();
@@ -370,43 +391,15 @@ export class FileLedger implements Ledger {
     while (this.pending.length > 0 && this.failure === null) {
       const batch = this.pending;
       this.pending = [];
-      const newest = new Map<string, Position>();
-      let offset = this.size;
-      let text = '';
-      for (let i = 0; i < batch.length; i++) {
-        if (offset - this.size >= MAX_BATCH_BYTES) {
-          // Full: the rest leave in the next write, ahead of whatever is appended meanwhile.
-          this.pending = batch.splice(i);
-          break;
-        }
-        const e = batch[i]!.entry;
-        if (e.type === 'usage') {
-          const line = encodeRecord(e);
-          text += line;
-          offset += Buffer.byteLength(line);
-          continue;
-        }
-        // The account's previous record; "none" only when that is known (see lastComplete).
-        const prev = newest.get(e.accountId) ?? this.last.get(e.accountId) ?? (this.lastComplete ? null : BEFORE_POINTERS);
-        const line = encodeRecord(e, prev);
-        const length = Buffer.byteLength(line);
-        newest.set(e.accountId, [this.seq, offset, length]);
-        text += line;
-        offset += length;
-      }
+      let taken: number;
       try {
-        await this.writeAll(Buffer.from(text));
-        await this.handle!.datasync();
+        taken = await this.commit(batch);
       } catch (err) {
         await this.fail(err as Error, batch);
         break;
       }
-      for (const p of batch) this.book.apply(p.entry);
-      for (const [account, at] of newest) this.last.set(account, at);
-      this.size = offset;
-      this.stats.commits++;
-      this.stats.records += batch.length;
-      for (const p of batch) p.resolve();
+      // One write was full: the rest go in the next, ahead of whatever was appended meanwhile.
+      if (taken < batch.length) this.pending = batch.slice(taken).concat(this.pending);
       if (this.size >= this.maxSegmentBytes) {
         try {
           await this.seal();
@@ -417,6 +410,42 @@ export class FileLedger implements Ledger {
       }
     }
     this.writing = false;
+  }
+
+  /**
+   * Writes and syncs the first records of `batch`, up to MAX_BATCH_BYTES, then acknowledges
+   * them; returns how many. Throws when the disk refuses (nothing acknowledged).
+   */
+  private async commit(batch: readonly Pending[]): Promise<number> {
+    const newest = new Map<string, Position>();
+    let offset = this.size;
+    let text = '';
+    let taken = 0;
+    for (; taken < batch.length && offset - this.size < MAX_BATCH_BYTES; taken++) {
+      const e = batch[taken]!.entry;
+      if (e.type === 'usage') {
+        const line = encodeRecord(e);
+        text += line;
+        offset += Buffer.byteLength(line);
+        continue;
+      }
+      // The account's previous record; "none" only when that is known (see lastComplete).
+      const prev = newest.get(e.accountId) ?? this.last.get(e.accountId) ?? (this.lastComplete ? null : BEFORE_POINTERS);
+      const line = encodeRecord(e, prev);
+      const length = Buffer.byteLength(line);
+      newest.set(e.accountId, [this.seq, offset, length]);
+      text += line;
+      offset += length;
+    }
+    await this.writeAll(Buffer.from(text));
+    await this.handle!.datasync();
+    for (let i = 0; i < taken; i++) this.book.apply(batch[i]!.entry);
+    for (const [account, at] of newest) this.last.set(account, at);
+    this.size = offset;
+    this.stats.commits++;
+    this.stats.records += taken;
+    for (let i = 0; i < taken; i++) batch[i]!.resolve();
+    return taken;
   }
 
   /** Writes all of `bytes` at the end of the segment: a short write is continued, not taken as done. */
@@ -438,8 +467,14 @@ export class FileLedger implements Ledger {
   private async fail(err: Error, batch: Pending[]): Promise<void> {
     this.failure = new Error(`ledger write failed: ${err.message}`);
     this.logger?.error('ledger write failed; refusing charges until the disk takes writes again', { error: err.message });
-    for (const p of batch) p.reject(this.failure);
-    for (const p of this.pending) p.reject(this.failure);
+    for (const p of batch) {
+      this.hold(p.entry);
+      p.reject(this.failure);
+    }
+    for (const p of this.pending) {
+      this.hold(p.entry);
+      p.reject(this.failure);
+    }
     this.pending = [];
     await this.handle?.truncate(this.size).catch(() => { /* tried again before resuming */ });
     this.scheduleRetry();
@@ -454,21 +489,50 @@ export class FileLedger implements Ledger {
     this.retryTimer.unref();
   }
 
-  /** Resumes once the segment is back to its last acknowledged byte and the disk takes a probe write. */
+  /**
+   * A record refused by a failed write (its caller was told so): a call's record is kept, to be
+   * written when the disk takes writes again, for the call ran and its provider billed it. An
+   * admin credit is not: its caller was told nothing was credited, and may send it again.
+   */
+  private hold(entry: LedgerEntry): void {
+    if (entry.type === 'credit') return;
+    if (this.held.length < MAX_HELD) {
+      this.held.push(entry);
+      return;
+    }
+    this.logger?.error('ledger: a call record the disk refused, not kept (too many waiting)', recordFields(entry));
+  }
+
+  /**
+   * Resumes once the segment is back to its last acknowledged byte, the disk takes a probe
+   * write, and the records held since the failure are written: so charges are taken again only
+   * once real writes fit (found in review: a probe fitting a nearly full disk let calls in whose
+   * records then failed).
+   */
   private async retry(): Promise<void> {
     if (this.closing !== null || this.failure === null || this.writing) return;
     this.writing = true; // no flush while the writer is being checked
     try {
-      await this.handle!.truncate(this.size);
-      await this.handle!.datasync();
-      await this.fs.probe(this.dir);
-      if (this.size >= this.maxSegmentBytes) await this.seal();
+      await this.writeHeld();
       this.failure = null;
       this.logger?.warn('ledger writes work again; charges are accepted');
     } catch {
       this.scheduleRetry();
     } finally {
       this.writing = false;
+    }
+  }
+
+  /** Back to the last acknowledged byte, a probe write, then the held records, oldest first. Throws while the disk refuses. */
+  private async writeHeld(): Promise<void> {
+    await this.handle!.truncate(this.size);
+    await this.handle!.datasync();
+    await this.fs.probe(this.dir);
+    if (this.size >= this.maxSegmentBytes) await this.seal();
+    while (this.held.length > 0) {
+      const taken = await this.commit(this.held.slice(0, 16_384).map((entry) => ({ entry, resolve: ignore, reject: ignore })));
+      this.held.splice(0, taken); // appends held meanwhile stay after them
+      if (this.size >= this.maxSegmentBytes) await this.seal();
     }
   }
 
@@ -695,4 +759,14 @@ function scanRecords(
     offset = nl + 1;
   }
   return { size: offset, torn: null };
+}
+
+const ignore = (): void => {};
+
+/** A record's fields for a log line: what the journal would have held. */
+function recordFields(e: LedgerEntry): Record<string, unknown> {
+  return {
+    entry_id: e.id, type: e.type, account_id: e.accountId, key_id: e.keyId, amount_micro: e.amountMicro, request_id: e.requestId,
+    model: e.model, input_tokens: e.inputTokens, output_tokens: e.outputTokens, estimated: e.estimated, created_at: e.createdAt,
+  };
 }

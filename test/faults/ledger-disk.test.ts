@@ -126,6 +126,39 @@ describe('fault: the disk under the file ledger', () => {
     assertDeliveredOnce(outcomes, await entriesOnDisk(dir));
   });
 
+  test('the records of calls answered while the disk was full are kept and written once it frees, before charges are taken again; a probe that fits a nearly full disk is not enough (found in review: they were dropped, and the ledger turned ready on the probe alone)', async () => {
+    const fs = new FaultyFs();
+    const { dir, ledger, gw, stop } = await start(fs);
+    const outcomes: Outcome[] = [];
+    const hits = up.hits;
+    let answered = 0;
+    try {
+      outcomes.push(...(await Promise.all(Array.from({ length: 4 }, () => call(gw)))));
+      fs.full = true;
+      fs.probeFits = true;
+      const cut = await Promise.all(Array.from({ length: 6 }, (_, i) => call(gw, i % 2 === 0)));
+      assert.ok(cut.every((o) => !o.whole), 'no answer left whole unrecorded');
+      outcomes.push(...cut);
+      await until(() => ledger.failed !== null, 5000, 'the ledger failed');
+      // The probe fits, the held records do not: still not ready after retries.
+      const writes = fs.writes;
+      await until(() => fs.writes >= writes + 2, 5000, 'two retries tried the held records');
+      assert.equal(await status(gw, '/readyz'), 503);
+      fs.full = false;
+      await until(async () => (await status(gw, '/readyz')) === 200, 5000, 'ready again');
+      outcomes.push(await call(gw));
+      answered = up.hits - hits;
+    } finally {
+      await stop();
+    }
+    const entries = await entriesOnDisk(dir);
+    assertDeliveredOnce(outcomes, entries);
+    assert.ok(answered > 5, `calls answered while the disk was full (${answered - 5})`);
+    assert.equal(entries.length, answered, 'every call the provider answered is charged, once');
+    const last = outcomes.at(-1)!.requestId;
+    assert.equal(entries.at(0)!.requestId, last, 'the held ones were written before the call made after (history is newest first)');
+  });
+
   test('short writes: a write cut short is continued, never taken as done; a torn one is taken back', async () => {
     const fs = new FaultyFs();
     const { dir, ledger, gw, stop } = await start(fs);

@@ -17,6 +17,8 @@ export class FaultyFs implements JournalFs {
   shortNext: number | null = null;
   /** Atomic writes (a seal's index and snapshot) fail. */
   failAtomic = false;
+  /** While `full`, syncs and the probe write work (a disk with a few KB free): only the journal's writes fail. */
+  probeFits = false;
   writes = 0;
   shortWrites = 0;
 
@@ -34,7 +36,7 @@ export class FaultyFs implements JournalFs {
         if (this.full) throw enospc();
         return real.write(buffer, offset, length);
       },
-      datasync: () => (this.full ? Promise.reject(enospc()) : real.datasync()),
+      datasync: () => (this.full && !this.probeFits ? Promise.reject(enospc()) : real.datasync()),
       truncate: (length) => real.truncate(length), // freeing space works on a full disk
       close: () => real.close(),
     };
@@ -46,7 +48,7 @@ export class FaultyFs implements JournalFs {
   };
 
   probe = async (dir: string): Promise<void> => {
-    if (this.full || this.failAtomic) throw enospc();
+    if ((this.full && !this.probeFits) || this.failAtomic) throw enospc();
     return nodeJournalFs.probe(dir);
   };
 }
