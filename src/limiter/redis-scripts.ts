@@ -88,16 +88,34 @@ end
 
 const PRELUDE = `local now, day${HELPERS}${CLOCK}`;
 
-/** Extends the leases of a live ticket. KEYS: s ks i. ARGV: id lease haskey hasidem. */
+/**
+ * Extends the leases of a live ticket. KEYS: s ks i r m. ARGV: id lease haskey hasidem reserved.
+ * A lease that ran out while its call still runs (this instance could not reach Redis for a
+ * whole lease, and another admission took the lease back with its reservation) is taken again:
+ * the slot, the reservation (ARGV[5], what the ticket still holds) and the Idempotency-Key,
+ * unless another call holds it now (found in review: the running call was never counted again,
+ * so concurrency, a cap or a balance could be passed by it).
+ */
 export const RENEW = `${PRELUDE}
 if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then return bad('id') end
 local lease = int(ARGV[2], 1, 86400000)
 local haskey, hasidem = flag(ARGV[3]), flag(ARGV[4])
+local est = int(ARGV[5], 0, SAFE)
 if lease == nil then return bad('lease') end
 if haskey == nil or hasidem == nil then return bad('flag') end
-redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[1])
-if haskey and redis.call('ZADD', KEYS[2], 'XX', 'CH', now + lease, ARGV[1]) == 1 then redis.call('PEXPIRE', KEYS[2], lease * 2) end
-if hasidem and redis.call('GET', KEYS[3]) == ARGV[1] then redis.call('PEXPIRE', KEYS[3], lease) end
+if est == nil then return bad('est') end
+if redis.call('ZADD', KEYS[1], now + lease, ARGV[1]) == 1 and est > 0 and redis.call('HSETNX', KEYS[4], ARGV[1], est) == 1 then
+  add(KEYS[5], 'resv', est)
+end
+if haskey then
+  redis.call('ZADD', KEYS[2], now + lease, ARGV[1])
+  redis.call('PEXPIRE', KEYS[2], lease * 2)
+end
+if hasidem then
+  local holder = redis.call('GET', KEYS[3])
+  if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[3], lease)
+  elseif not holder then redis.call('SET', KEYS[3], ARGV[1], 'PX', lease) end
+end
 return 1
 `;
 

@@ -581,8 +581,10 @@ export class RedisLimiter implements Limiter {
     this.resendSettlements();
     for (const t of this.live) {
       const a = this.tag(t.accountId);
-      this.eval(SCRIPTS.renew, [`${a}:s`, `${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`],
-        [t.id, String(this.leaseMs), t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0']).catch(() => {});
+      // What it still holds reserved: nothing once a settlement was sent (it may have taken it).
+      const reserved = t.settled || t.givenBack ? '0' : String(t.reservedMicro);
+      this.eval(SCRIPTS.renew, [`${a}:s`, `${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`, `${a}:r`, `${a}:m`],
+        [t.id, String(this.leaseMs), t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0', reserved]).catch(() => {});
     }
   }
 }

@@ -1,0 +1,58 @@
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { RedisLimiter } from '../../src/limiter/redis.js';
+import type { AccountLimits } from '../../src/limiter/types.js';
+import { until } from '../helpers/gateway.js';
+import { hasRedis, RedisServer } from '../helpers/redis-server.js';
+
+/**
+ * Found in review: an instance that cannot reach Redis for a whole lease while its call runs
+ * loses the call's lease to the next admission anywhere (which takes it back, with its
+ * reservation, as a crashed instance's). Its renewals then only extended what was still there,
+ * so the running call was never counted again: a second call took its slot, the same
+ * Idempotency-Key ran twice from then on, and the cap did not see its reservation. A renewal
+ * now takes a lapsed lease again.
+ */
+const server = new RedisServer();
+let a: RedisLimiter;
+let b: RedisLimiter;
+before(async () => {
+  if (!hasRedis) return;
+  await server.start();
+  a = new RedisLimiter({ url: server.url, prefix: 'lapse:', timeoutMs: 200, leaseMs: 300 });
+  b = new RedisLimiter({ url: server.url, prefix: 'lapse:', timeoutMs: 200, leaseMs: 300 });
+  await Promise.all([a.whenReady(3000), b.whenReady(3000)]);
+});
+after(async () => {
+  if (!hasRedis) return;
+  await a.close();
+  await b.close();
+  await server.stop();
+});
+
+test('regression: a lease that lapsed while its call runs is taken again by its next renewal (slot, reservation, Idempotency-Key)', { skip: hasRedis ? false : 'redis-server is not installed' }, async () => {
+  const account: AccountLimits = { id: 'acct_l', rpm: null, concurrency: 2, dailyCapMicro: 1_000_000, prepaid: false };
+  const key = { id: 'k', rpm: null, concurrency: null };
+  const paused = a as unknown as { renewAll: () => void };
+  const renewAll = paused.renewAll;
+  paused.renewAll = () => {}; // instance A cannot reach Redis for a while
+  const first = await a.admit(account, key, 'idem-1', 600);
+  assert.ok(first.ok);
+  // A's lease runs out; the next admission anywhere (or a look at the account) takes it back.
+  await until(async () => (await b.snapshot(account)).inFlight === 0, 5000, 'A\'s lease taken back');
+  const second = await b.admit(account, key, 'idem-2', 100);
+  assert.ok(second.ok);
+  paused.renewAll = renewAll; // A is back: its call still runs
+  await until(async () => (await b.snapshot(account)).inFlight === 2, 5000, 'A\'s call counted again');
+  const s = await b.snapshot(account);
+  assert.equal(s.reservedMicro, 700, 'both reservations');
+  const third = await b.admit(account, key, null, 0);
+  assert.ok(!third.ok && third.reason === 'concurrency_limit_exceeded', 'the slot A\'s call holds is not given to another');
+  const again = await b.admit({ ...account, concurrency: 3 }, key, 'idem-1', 0);
+  assert.ok(!again.ok && again.reason === 'idempotency_conflict', 'A\'s Idempotency-Key is held again');
+
+  a.release(first);
+  b.release(second);
+  await until(async () => (await b.snapshot(account)).inFlight === 0, 5000, 'both released');
+  assert.equal((await b.snapshot(account)).reservedMicro, 0);
+});
