@@ -39,6 +39,11 @@ function poolFor(url: URL, hostname: string, port: number): ConnectionPool {
   return pool;
 }
 
+/** Puts a pool of one's own in place for an origin before its first call (tests: a small one). */
+export function useOriginPool(origin: string, pool: ConnectionPool): void {
+  pools.set(origin, pool);
+}
+
 /**
  * Where one endpoint's calls go, worked out once per provider: a plain options object (Node
  * would otherwise convert a URL on every call) and the Host header, since the request headers
@@ -252,11 +257,18 @@ export class HttpProvider implements Provider {
       if (waiting !== null) clearTimeout(waiting);
       if (phase === 'headers' && !ex.aborted) ex.noteDelivered(delivered());
       if (phase === 'body') bodyTimedOut = true;
+      // Still waiting for one of the origin's connections: the gateway's own queue, not the
+      // provider, took the time (found in review: counted as the provider's timeout, it cooled
+      // healthy deployments down, fleet-wide).
+      const queued = phase === 'headers' && pending !== null && pending.socket == null;
       current?.destroy(); // a body being read is cut: its reader reports it incomplete
       if (phase !== 'headers' || ex.aborted) return;
       phase = 'over';
-      ex.upstreamFailed('timeout');
-      ex.fail('upstream_timeout', { message: `The provider did not answer within ${this.config.timeoutMs} ms.` });
+      ex.upstreamFailed(queued ? 'queued' : 'timeout');
+      ex.fail('upstream_timeout', {
+        message: queued ? `No connection to the provider came free within ${this.config.timeoutMs} ms (the gateway's connections to it are all busy).`
+          : `The provider did not answer within ${this.config.timeoutMs} ms.`,
+      });
     });
     const timeouts = this.timeouts;
     timeouts.arm(watch);
