@@ -16,6 +16,8 @@ interface Holder {
   pid: number;
   host: string;
   token: string;
+  /** When its process started, in clock ticks since boot (Linux), if known. */
+  since?: string;
 }
 
 /** Directories this process holds (a second FileLedger on one of them in the same process is refused too). */
@@ -63,7 +65,8 @@ export class DirLock {
       try {
         const fd = openSync(path, 'wx');
         try {
-          writeSync(fd, JSON.stringify({ pid: process.pid, host: hostname(), token, started: new Date().toISOString() }));
+          const since = processStart(process.pid);
+          writeSync(fd, JSON.stringify({ pid: process.pid, host: hostname(), token, started: new Date().toISOString(), ...(since !== null ? { since } : {}) }));
           fsyncSync(fd);
         } finally {
           closeSync(fd);
@@ -152,11 +155,30 @@ function stale(path: string, holder: Holder | null, staleMs: number): boolean {
   if (holder !== null && holder.host === hostname() && holder.pid !== process.pid) {
     try {
       process.kill(holder.pid, 0);
-      return false; // alive on this host
+      // Alive, unless the pid now names another process, one that started at another time
+      // (found in review: after a restart that reused the holder's pid, the lock was never
+      // taken over and every start failed).
+      const since = typeof holder.since === 'string' ? processStart(holder.pid) : null;
+      return since !== null && since !== holder.since;
     } catch (err) {
       return (err as NodeJS.ErrnoException).code !== 'EPERM'; // EPERM: alive, another user's
     }
   }
   // Another host's, or a holder with this very pid (two containers are both pid 1): its heartbeat says.
   return age > staleMs;
+}
+
+/**
+ * When process `pid` started, in clock ticks since boot (field 22 of Linux's /proc/PID/stat,
+ * immune to clock changes), or null where that cannot be read.
+ */
+function processStart(pid: number): string | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    // The fields after the command's closing parenthesis start with field 3.
+    const start = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
+    return start !== undefined && /^\d+$/.test(start) ? start : null;
+  } catch {
+    return null;
+  }
 }

@@ -30,6 +30,19 @@ describe('the ledger directory lock', () => {
     assert.throws(() => DirLock.acquire(dir), LedgerLockedError);
   });
 
+  test('a lock whose pid now names another process (a restart that reused it) is taken over; the holder itself is not (found in review: every start failed until the lock was deleted)', () => {
+    const dir = tmp();
+    const path = join(dir, '.lock');
+    const stat = readFileSync(`/proc/${process.ppid}/stat`, 'utf8');
+    const since = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]!;
+    writeFileSync(path, JSON.stringify({ pid: process.ppid, host: hostname(), token: 'holder', since }));
+    assert.throws(() => DirLock.acquire(dir), LedgerLockedError, 'the process that wrote it still runs');
+    writeFileSync(path, JSON.stringify({ pid: process.ppid, host: hostname(), token: 'reused', since: String(Number(since) - 1) }));
+    const lock = DirLock.acquire(dir);
+    assert.equal(JSON.parse(readFileSync(path, 'utf8')).pid, process.pid);
+    lock.release();
+  });
+
   test('another host\'s lock (a shared volume) is stale once its heartbeat stops, not before', () => {
     const dir = tmp();
     const path = join(dir, '.lock');
