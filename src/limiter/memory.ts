@@ -194,7 +194,11 @@ export class MemoryLimiter implements Limiter {
     const now = this.clock.now();
     const money = this.moneyOf(accountId, now);
     money.balanceMicro = balanceMicro;
-    if (day === money.day) money.spentMicro = spentMicro;
+    // A later day than the clock's (charges made while it was ahead): kept, as the day only moves forward.
+    if (day >= money.day) {
+      money.day = day;
+      money.spentMicro = spentMicro;
+    }
     if (credited) this.credited.add(accountId);
     for (const [id, at] of credits) this.appliedCredits.set(`${accountId}\n${id}`, at);
   }

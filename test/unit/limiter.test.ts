@@ -218,6 +218,15 @@ describe('MemoryLimiter', () => {
     ticket(lim.admit(a, NO_KEY_LIMITS, null, 1));
   });
 
+  test('daily cap: a restart before the clock is back at the later day keeps that day\'s spend from the ledger (found in review: restored as none, it lifted the cap)', () => {
+    const clock = new FakeClock(Date.UTC(2026, 0, 15, 23, 59, 50));
+    const lim = new MemoryLimiter(clock);
+    const a = account({ dailyCapMicro: 1000 });
+    lim.restore(a.id, 0, Math.floor(clock.now() / DAY_MS) + 1, 1000, true);
+    rejected(lim.admit(a, NO_KEY_LIMITS, null, 1), 'daily_cap_exceeded');
+    assert.equal(lim.snapshot(a).spentTodayMicro, 1000);
+  });
+
   test('prepaid balance: admitted while balance minus reservations is above zero', () => {
     const lim = new MemoryLimiter(new FakeClock());
     const a = account({ prepaid: true });
