@@ -571,8 +571,11 @@ export class RedisLimiter implements Limiter {
   /** At most one warning per 5 s: an outage must not flood the log. */
   private warn(msg: string, err: Error): void {
     const now = Date.now();
-    if (now - this.lastError > 5000) this.logger?.warn(msg, { error: err.message });
+    // Timed from the last warning logged (found in review: from the last error, so errors
+    // coming more often than every 5 s were never logged again after the first).
+    if (now - this.lastError <= 5000) return;
     this.lastError = now;
+    this.logger?.warn(msg, { error: err.message });
   }
 
   /** Extends every live ticket's leases (node-redis pipelines the calls made in one tick). */

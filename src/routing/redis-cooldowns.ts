@@ -25,6 +25,14 @@ return 1`;
 
 /** How long closing waits for the answers still due before it cuts the connections. */
 const CLOSE_MS = 1000;
+/**
+ * Bounds on what another instance (or anyone who can publish on the channel) shares: no
+ * cooldown is longer than `routing.cooldownMs` may be (a provider's Retry-After counts up to an
+ * hour), and no key longer than a deployment's (found in review: any safe integer was taken,
+ * cooling a deployment for millennia).
+ */
+const MAX_COOLDOWN_MS = 86_400_000;
+const MAX_KEY_CHARS = 1024;
 
 export interface RedisCooldownsOptions {
   url: string;
@@ -100,7 +108,8 @@ export class RedisCooldowns extends MemoryCooldowns {
     const second = message.indexOf(' ', first + 1);
     if (first < 0 || second < 0 || message.slice(0, first) === this.instance) return;
     const ms = Number(message.slice(first + 1, second));
-    if (Number.isSafeInteger(ms) && ms > 0) this.extend(message.slice(second + 1), this.clock.now() + ms);
+    const key = message.slice(second + 1);
+    if (Number.isSafeInteger(ms) && ms > 0 && key.length <= MAX_KEY_CHARS) this.extend(key, this.clock.now() + Math.min(ms, MAX_COOLDOWN_MS));
   }
 
   /** Reads every shared cooldown with the time it has left. */
@@ -113,15 +122,18 @@ export class RedisCooldowns extends MemoryCooldowns {
       const ttls = await Promise.all(keys.map((key) => this.client.sendCommand(['PTTL', key])));
       keys.forEach((key, i) => {
         const ttl = Number(ttls[i]);
-        if (ttl > 0) this.extend(key.slice(this.keyPrefix.length), this.clock.now() + ttl);
+        if (ttl > 0 && key.length - this.keyPrefix.length <= MAX_KEY_CHARS) this.extend(key.slice(this.keyPrefix.length), this.clock.now() + Math.min(ttl, MAX_COOLDOWN_MS));
       });
     } while (cursor !== '0');
   }
 
   private warn(msg: string, err: Error): void {
     const now = Date.now();
-    if (now - this.lastError > 5000) this.logger?.warn(msg, { error: err.message });
+    // Timed from the last warning logged (found in review: from the last error, so errors
+    // coming more often than every 5 s were never logged again after the first).
+    if (now - this.lastError <= 5000) return;
     this.lastError = now;
+    this.logger?.warn(msg, { error: err.message });
   }
 
   override async close(): Promise<void> {

@@ -47,4 +47,21 @@ describe('fault: the cooldown subscriber loses its connection', { skip: hasRedis
       await admin.quit();
     }
   });
+
+  test('what is shared is bounded: a cooldown of millennia counts as a day, an oversized key is ignored (found in review)', async () => {
+    const admin = createClient({ url: server.url });
+    await admin.connect();
+    try {
+      const channel = (a as unknown as { channel: string }).channel;
+      await admin.publish(channel, `other ${Number.MAX_SAFE_INTEGER} model-y/provider-z`);
+      await admin.publish(channel, `other 60000 ${'k'.repeat(2000)}`);
+      await admin.publish(channel, 'other 60000 model-y/provider-last');
+      await until(() => a.until('model-y/provider-last') > 0, 3000, 'the messages read');
+      const end = a.until('model-y/provider-z');
+      assert.ok(end > Date.now() && end <= Date.now() + 86_400_000, `capped at a day (${end - Date.now()} ms)`);
+      assert.equal(a.until('k'.repeat(2000)), 0);
+    } finally {
+      await admin.quit();
+    }
+  });
 });
