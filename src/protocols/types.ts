@@ -55,6 +55,11 @@ export interface WireProtocol {
   readonly anthropic: boolean;
   /** The gateway's checks of a request body (the provider judges the rest). */
   check(body: unknown): Checked;
+  /**
+   * Why a provider of this protocol may not be given the request as it is (it would bill what
+   * the model's prices cannot price), naming the field; null when it may. Absent: always may.
+   */
+  passThroughRefusal?(call: CallRequest): { message: string; param: string } | null;
   /** The output one answer may produce, in tokens: the request's limit, or the model's default. */
   outputBudget(call: CallRequest, model: ModelEntry): number;
   /** The JSON sent to a provider of this protocol: the client's body with the model swapped (usage asked for, …). */

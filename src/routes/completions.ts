@@ -211,7 +211,8 @@ interface Refusal {
 function planFor(
   protocol: Protocol, wire: WireProtocol, call: CallRequest, model: ModelEntry, inputTokens: number, requestId: string,
 ): Plan | Refusal {
-  if (protocol === 'mock' || supports(protocol, wire.endpoint)) return AS_IT_IS;
+  if (protocol === 'mock') return AS_IT_IS;
+  if (supports(protocol, wire.endpoint)) return wire.passThroughRefusal?.(call) ?? AS_IT_IS;
   const translator = translatorFor(wire.endpoint, protocol);
   if (translator === null) {
     return { message: `The model "${call.model}" is served over the ${protocol} protocol, which has no ${wire.path}; use ${servedPaths(protocol)}.`, param: 'model' };

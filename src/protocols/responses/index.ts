@@ -42,8 +42,9 @@ function searchesIn(output: unknown): number {
 
 /**
  * Hosted tools billed by the call or the session at prices a model's config has no place for:
- * refused, so no call runs up a bill the gateway cannot charge (found in review). Web search
- * is priced (`webSearchPerThousand`).
+ * refused when the call goes to OpenAI as it is, so no call runs up a bill the gateway cannot
+ * charge (found in review); translated for another provider, they are dropped. Web search is
+ * priced (`webSearchPerThousand`).
  */
 const UNPRICED_TOOLS = new Set(['file_search', 'code_interpreter', 'image_generation']);
 
@@ -120,18 +121,22 @@ export const responses: WireProtocol = {
     if (b.background === true) return bad('background', '"background" responses are not supported by this gateway: it meters each call from its answer.');
     const tier = checkServiceTier(b);
     if (tier !== null) return tier;
-    if (Array.isArray(b.tools)) {
-      for (let i = 0; i < b.tools.length; i++) {
-        const tool = b.tools[i] as unknown;
-        if (isObj(tool) && typeof tool.type === 'string' && UNPRICED_TOOLS.has(tool.type)) {
-          return bad(`tools[${i}]`, `"tools[${i}]" (${tool.type}) is billed by the provider at prices this gateway does not charge.`);
-        }
-      }
-    }
     return { ok: true, call: { body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices: 1 } };
   },
 
   outputBudget: (call, model) => call.maxTokens ?? model.maxOutputTokens,
+
+  passThroughRefusal(call) {
+    const tools = call.body.tools;
+    if (!Array.isArray(tools)) return null;
+    for (let i = 0; i < tools.length; i++) {
+      const tool = tools[i] as unknown;
+      if (isObj(tool) && typeof tool.type === 'string' && UNPRICED_TOOLS.has(tool.type)) {
+        return { param: `tools[${i}]`, message: `"tools[${i}]" (${tool.type}) is billed by the provider at prices this gateway does not charge.` };
+      }
+    }
+    return null;
+  },
 
   upstreamBody: modelSwapped,
 
