@@ -23,6 +23,8 @@
  *                 src (1 once the money was read from a shared ledger: with one, a script that finds
  *                 no src answers 'restore', and the instance rebuilds the hash from the ledger, once)
  *   P{A}:r        reservations: hash ticket id -> micro-dollars (returned when a lease expires)
+ *   P{A}:x        leases that ran out: hash ticket id -> 'r' (its reservation was taken back, and no
+ *                 settlement has come since: see resettle) or 'l' (it held none); see RENEW
  *   P{A}:kwt:K, P{A}:kwn:K  per-key RPM window of key K;  P{A}:ks:K  per-key leases of key K
  *   P{A}:i:X      Idempotency-Key X in flight: string = ticket id, expires with the lease
  *   P{A}:c:E      admin credit E applied (E: its Idempotency-Key, or its entry id); expires after 8 days
@@ -69,8 +71,10 @@ local function unsourced(needsrc, m)
   return needsrc and redis.call('HGET', m, 'src') ~= '1'
 end
 -- Leases of a crashed instance run out: drops them and their reservations; returns the sum
--- of those reservations, which the caller gives back to the money hash's resv.
-local function expireLeases(s, r)
+-- of those reservations, which the caller gives back to the money hash's resv. Each is noted
+-- in x (8 days): its instance may have been cut off, not crashed, and come back to renew it
+-- (RENEW) or to send its settlement again (resettle).
+local function expireLeases(s, r, x)
   local expired = redis.call('ZRANGEBYSCORE', s, '-inf', now)
   if #expired == 0 then return 0 end
   redis.call('ZREMRANGEBYSCORE', s, '-inf', now)
@@ -80,8 +84,12 @@ local function expireLeases(s, r)
     if amt then
       redis.call('HDEL', r, tid)
       back = back + num(amt)
+      redis.call('HSET', x, tid, 'r')
+    else
+      redis.call('HSET', x, tid, 'l')
     end
   end
+  redis.call('PEXPIRE', x, 691200000)
   return back
 end
 `;
@@ -89,33 +97,40 @@ end
 const PRELUDE = `local now, day${HELPERS}${CLOCK}`;
 
 /**
- * Extends the leases of a live ticket. KEYS: s ks i r m. ARGV: id lease haskey hasidem reserved.
+ * Extends the leases of a live ticket. KEYS: s ks i r m x. ARGV: id lease haskey hasidem reserved.
  * A lease that ran out while its call still runs (this instance could not reach Redis for a
- * whole lease, and another admission took the lease back with its reservation) is taken again:
- * the slot, the reservation (ARGV[5], what the ticket still holds) and the Idempotency-Key,
- * unless another call holds it now (found in review: the running call was never counted again,
- * so concurrency, a cap or a balance could be passed by it).
+ * whole lease, and another admission took the lease back, as a crashed instance's) is taken
+ * again: the slot, the reservation it still holds (ARGV[5]: 0 once its settlement went out,
+ * which may have taken it) and the Idempotency-Key unless another call holds it now (found in
+ * review: the running call was never counted again, so concurrency, a cap or a balance could
+ * be passed by it). Only a lease x says ran out: a renewal that comes after its ticket's
+ * release (sent again after NOSCRIPT, say) finds none, and takes nothing. Returns 1, or 0 then.
  */
 export const RENEW = `${PRELUDE}
-if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then return bad('id') end
+local id = ARGV[1]
+if type(id) ~= 'string' or id == '' then return bad('id') end
 local lease = int(ARGV[2], 1, 86400000)
 local haskey, hasidem = flag(ARGV[3]), flag(ARGV[4])
 local est = int(ARGV[5], 0, SAFE)
 if lease == nil then return bad('lease') end
 if haskey == nil or hasidem == nil then return bad('flag') end
 if est == nil then return bad('est') end
-if redis.call('ZADD', KEYS[1], now + lease, ARGV[1]) == 1 and est > 0 and redis.call('HSETNX', KEYS[4], ARGV[1], est) == 1 then
-  add(KEYS[5], 'resv', est)
+if redis.call('ZSCORE', KEYS[1], id) then
+  redis.call('ZADD', KEYS[1], 'XX', now + lease, id)
+  if haskey and redis.call('ZADD', KEYS[2], 'XX', 'CH', now + lease, id) == 1 then redis.call('PEXPIRE', KEYS[2], lease * 2) end
+  if hasidem and redis.call('GET', KEYS[3]) == id then redis.call('PEXPIRE', KEYS[3], lease) end
+  return 1
 end
+local lapsed = redis.call('HGET', KEYS[6], id)
+if not lapsed then return 0 end
+redis.call('ZADD', KEYS[1], now + lease, id)
+if lapsed == 'l' or est > 0 then redis.call('HDEL', KEYS[6], id) end -- else kept for its settlement sent again
+if lapsed == 'r' and est > 0 and redis.call('HSETNX', KEYS[4], id, est) == 1 then add(KEYS[5], 'resv', est) end
 if haskey then
-  redis.call('ZADD', KEYS[2], now + lease, ARGV[1])
+  redis.call('ZADD', KEYS[2], now + lease, id)
   redis.call('PEXPIRE', KEYS[2], lease * 2)
 end
-if hasidem then
-  local holder = redis.call('GET', KEYS[3])
-  if holder == ARGV[1] then redis.call('PEXPIRE', KEYS[3], lease)
-  elseif not holder then redis.call('SET', KEYS[3], ARGV[1], 'PX', lease) end
-end
+if hasidem and not redis.call('GET', KEYS[3]) then redis.call('SET', KEYS[3], id, 'PX', lease) end
 return 1
 `;
 
@@ -151,12 +166,12 @@ end
 return {1, add(KEYS[1], 'bal', amount)}
 `;
 
-/** KEYS: m s r. ARGV: needsrc. Returns {bal, spent today, resv, in flight, now}, or 'restore'. */
+/** KEYS: m s r x. ARGV: needsrc. Returns {bal, spent today, resv, in flight, now}, or 'restore'. */
 export const SNAPSHOT = `${PRELUDE}
 local needsrc = flag(ARGV[1])
 if needsrc == nil then return bad('flag') end
 if unsourced(needsrc, KEYS[1]) then return 'restore' end
-local back = expireLeases(KEYS[2], KEYS[3])
+local back = expireLeases(KEYS[2], KEYS[3], KEYS[4])
 if back > 0 then add(KEYS[1], 'resv', -back) end
 local m = redis.call('HMGET', KEYS[1], 'day', 'spent', 'bal', 'resv')
 local spent = 0
@@ -201,7 +216,7 @@ return 1
  * hash, of the windows' counts and of their expiries, which are kept in Lua and written once at
  * the end. (With one `now`, that is what the ops would have written one after the other.)
  *
- * KEYS: wt wn s m r (the account's), then each op's own, as its kind says.
+ * KEYS: wt wn s m r x (the account's), then each op's own, as its kind says.
  * ARGV: needsrc lease, then per op its kind and arguments (few and packed: Redis makes a Lua
  * string of every argument, and that, with parsing them, was most of a call's cost):
  *   'a' id "rpm,conc,krpm,kconc,cap" estimate flags   admit. The limits and the estimate are
@@ -226,7 +241,7 @@ return 1
 export const BATCH_LIBRARY = `local now, day${HELPERS}
 -- A call's state, set again at the start of every call (as a Redis function, the functions
 -- below are defined once, when the library loads):
-local needsrc, lease, W, N, S, M, R -- its arguments, and the account's keys
+local needsrc, lease, W, N, S, M, R, X -- its arguments, and the account's keys
 local money, dirty                  -- the money hash (mget)
 local cards                         -- sorted-set sizes, counted once and then kept up to date
 local leases, leaseSets             -- the leases this call's admissions took (zadd)
@@ -292,10 +307,11 @@ local function zrem(k, id)
   if i then
     l.ids[i], l.at[id], l.n = false, nil, l.n - 1
     if cards[k] ~= nil then cards[k] = cards[k] - 1 end
-    return
+    return 1
   end
   local n = redis.call('ZREM', k, id)
   if cards[k] ~= nil then cards[k] = cards[k] - n end
+  return n
 end
 
 -- Leases of a crashed instance run out (once per call: with one now, a second pass finds nothing).
@@ -303,7 +319,7 @@ local function expire()
   if expired then return end
   expired = true
   cards[S] = nil
-  local back = expireLeases(S, R)
+  local back = expireLeases(S, R, X)
   if back > 0 then madd('resv', -back) end
 end
 local function expireKey(ks)
@@ -440,14 +456,17 @@ end
 -- reserved (0 when nothing is left to give: none was made, or the settlement gave it already),
 -- so no lookup is needed: one HDEL, whose answer says whether it was still there (a lease that
 -- ran out gave it back already).
+-- Returns false when the reservation was gone already.
 local function giveBack(id, est)
   local made = reserved[id]
   if made then -- made earlier in this call: it never reaches Redis
     reserved[id] = nil
     madd('resv', -made)
-  elseif est > 0 and redis.call('HDEL', R, id) == 1 then
+  elseif est > 0 then
+    if redis.call('HDEL', R, id) == 0 then return false end
     madd('resv', -est)
   end
+  return true
 end
 
 local function settle(id, a_cost, a_prepaid, a_est)
@@ -457,7 +476,9 @@ local function settle(id, a_cost, a_prepaid, a_est)
   if prepaid == nil then return bad('flag') end
   if est == nil then return bad('est') end
   if cost > 0 and nosrc() then return {'restore'} end
-  giveBack(id, est)
+  -- Its reservation gone (a lease that ran out took it back): this settlement counts it, so
+  -- one sent again must not (see resettle). Rare: no write on the common path.
+  if not giveBack(id, est) then redis.call('HDEL', X, id) end
   if cost > 0 then
     if mget('day') < day then -- only forward: a clock stepped back across 00:00 must not forget the spend
       mset('day', day)
@@ -474,7 +495,9 @@ end
 -- confirmed), a reservation gone from the hash means a settlement took it: nothing more to do.
 -- With the lease gone too (a long outage, or Redis lost its data) it cannot be told: with a
 -- shared ledger, whose books Redis's money is rebuilt from after a loss and which holds the
--- call, it is not charged again; without, it is charged. Nothing reserved: charged, unless the
+-- call, it is not charged again; without, it is charged. Unless the reservation is in X: a
+-- lease that ran out took it back, and no settlement has come since (found in review: such a
+-- settlement, lost, was never counted in Redis's money). Nothing reserved: charged, unless the
 -- ledger is shared and the lease is gone (the same rule).
 local function resettle(id, a_cost, a_prepaid, a_est)
   if type(id) ~= 'string' or id == '' then return bad('id') end
@@ -483,7 +506,8 @@ local function resettle(id, a_cost, a_prepaid, a_est)
   if prepaid == nil then return bad('flag') end
   if est == nil then return bad('est') end
   if nosrc() then return {'restore'} end
-  if est > 0 and reserved[id] == nil and redis.call('HEXISTS', R, id) == 0 and (needsrc or redis.call('ZSCORE', S, id)) then
+  if est > 0 and reserved[id] == nil and redis.call('HEXISTS', R, id) == 0 and (needsrc or redis.call('ZSCORE', S, id))
+    and redis.call('HGET', X, id) ~= 'r' then
     return mget('bal')
   end
   if est == 0 and needsrc and not pending(S, id) and not redis.call('ZSCORE', S, id) then return mget('bal') end
@@ -496,7 +520,9 @@ local function release(ks, ik, haskey, hasidem, id, a_est)
   if est == nil then return bad('est') end
   -- The reservation first: should a later command fail, the lease still runs out by itself.
   giveBack(id, est)
-  zrem(S, id)
+  -- A lease that ran out: its note goes too (rare: no write on the common path), so a renewal
+  -- that comes after this release takes nothing again.
+  if zrem(S, id) == 0 then redis.call('HDEL', X, id) end
   if haskey then zrem(ks, id) end
   if hasidem and redis.call('GET', ik) == id then redis.call('DEL', ik) end
   return 1
@@ -511,12 +537,12 @@ local function batch(KEYS, ARGV)${CLOCK}
   needsrc, lease = flag(ARGV[1]), int(ARGV[2], 1, 86400000)
   if needsrc == nil then return bad('flag') end
   if lease == nil then return bad('lease') end
-  W, N, S, M, R = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+  W, N, S, M, R, X = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
   money, dirty, cards, leases, leaseSets, reserved, reservedIds = nil, {}, {}, {}, {}, {}, {}
   expired, cleaned, wins, winlist, parsed = false, {}, {}, {}, {}
 
   local out = {}
-  local k, a = 6, 3
+  local k, a = 7, 3
   while a <= #ARGV do
     local kind = ARGV[a]
     local has = HAS[kind]

@@ -376,7 +376,7 @@ export class RedisLimiter implements Limiter {
 
   snapshot(account: AccountLimits): Promise<AccountSnapshot> {
     const a = this.tag(account.id);
-    return this.withMoney(account.id, () => this.eval(SCRIPTS.snapshot, [`${a}:m`, `${a}:s`, `${a}:r`], [this.needsrc], account.id)).then((r) => {
+    return this.withMoney(account.id, () => this.eval(SCRIPTS.snapshot, [`${a}:m`, `${a}:s`, `${a}:r`, `${a}:x`], [this.needsrc], account.id)).then((r) => {
       const [bal, spent, resv, inFlight, now] = (r as unknown[]).map(Number) as [number, number, number, number, number];
       return {
         balanceMicro: account.prepaid ? bal : null, spentTodayMicro: spent, reservedMicro: resv, inFlight,
@@ -523,7 +523,7 @@ export class RedisLimiter implements Limiter {
   }
 
   private accountKeys(a: string): string[] {
-    return [`${a}:wt`, `${a}:wn`, `${a}:s`, `${a}:m`, `${a}:r`];
+    return [`${a}:wt`, `${a}:wn`, `${a}:s`, `${a}:m`, `${a}:r`, `${a}:x`];
   }
 
   /** One account's batch as one call of the BATCH script. */
@@ -581,14 +581,16 @@ export class RedisLimiter implements Limiter {
   /** Extends every live ticket's leases (node-redis pipelines the calls made in one tick). */
   private renewAll(): void {
     if (!this.client.isReady) return;
-    this.resendSettlements();
+    // Renewals first: a lease that ran out is taken again before a settlement sent again
+    // asks whether it is held.
     for (const t of this.live) {
       const a = this.tag(t.accountId);
       // What it still holds reserved: nothing once a settlement was sent (it may have taken it).
       const reserved = t.settled || t.givenBack ? '0' : String(t.reservedMicro);
-      this.eval(SCRIPTS.renew, [`${a}:s`, `${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`, `${a}:r`, `${a}:m`],
+      this.eval(SCRIPTS.renew, [`${a}:s`, `${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`, `${a}:r`, `${a}:m`, `${a}:x`],
         [t.id, String(this.leaseMs), t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0', reserved]).catch(() => {});
     }
+    this.resendSettlements();
   }
 }
 

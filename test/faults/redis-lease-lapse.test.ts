@@ -1,6 +1,8 @@
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
+import { createClient } from 'redis';
 import { RedisLimiter } from '../../src/limiter/redis.js';
+import { RENEW } from '../../src/limiter/redis-scripts.js';
 import type { AccountLimits } from '../../src/limiter/types.js';
 import { until } from '../helpers/gateway.js';
 import { hasRedis, RedisServer } from '../helpers/redis-server.js';
@@ -55,4 +57,27 @@ test('regression: a lease that lapsed while its call runs is taken again by its 
   b.release(second);
   await until(async () => (await b.snapshot(account)).inFlight === 0, 5000, 'both released');
   assert.equal((await b.snapshot(account)).reservedMicro, 0);
+});
+
+test('a renewal that reaches Redis after its ticket\'s release (sent again after a NOSCRIPT, say) takes nothing back (found in review of the fix: the released slot, reservation and key came back)', { skip: hasRedis ? false : 'redis-server is not installed' }, async () => {
+  const account: AccountLimits = { id: 'acct_late', rpm: null, concurrency: 1, dailyCapMicro: 1_000_000, prepaid: false };
+  const key = { id: 'k', rpm: null, concurrency: null };
+  const t = await a.admit(account, key, 'idem-late', 600);
+  assert.ok(t.ok);
+  a.release(t);
+  await until(async () => (await b.snapshot(account)).inFlight === 0, 5000, 'released');
+  const client = createClient({ url: server.url });
+  await client.connect();
+  try {
+    const p = 'lapse:{acct_late}';
+    const reply = await client.eval(RENEW, { keys: [`${p}:s`, `${p}:ks:k`, `${p}:i:idem-late`, `${p}:r`, `${p}:m`, `${p}:x`], arguments: [(t as unknown as { id: string }).id, '300', '1', '1', '600'] });
+    assert.equal(reply, 0);
+  } finally {
+    await client.quit();
+  }
+  const s = await b.snapshot(account);
+  assert.deepEqual([s.inFlight, s.reservedMicro], [0, 0]);
+  const again = await b.admit(account, key, 'idem-late', 0);
+  assert.ok(again.ok, 'the slot and the key are free');
+  b.release(again);
 });

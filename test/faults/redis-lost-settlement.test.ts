@@ -156,6 +156,43 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
     }
   });
 
+  test('with a shared ledger, a settlement lost while its instance was cut off for longer than a lease (another admission took the lease back, with its reservation; Redis kept its data): sent again, counted once (found in review: taken as applied, never counted in Redis\'s money)', async () => {
+    let spent = 0;
+    const money = async (): Promise<LedgerMoney> => ({ balanceMicro: 10_000 - spent, day: Math.floor(Date.now() / 86_400_000), spentMicro: spent, credited: true, creditIds: [] });
+    const cutOff = new RedisLimiter({ url: relay.url, prefix: 'lapse-pg:', timeoutMs: 200, leaseMs: 600, money });
+    const other = new RedisLimiter({ url: server.url, prefix: 'lapse-pg:', timeoutMs: 200, leaseMs: 600, money });
+    try {
+      await Promise.all([cutOff.whenReady(3000), other.whenReady(3000)]);
+      const acct = account('acct_lapse');
+      const t = await cutOff.admit(acct, key, null, 5_000);
+      assert.ok(t.ok);
+      relay.away = true;
+      try {
+        await until(() => !cutOff.ready(), 3000, 'the instance cut off');
+        await assert.rejects(cutOff.settle(t, COST), /limiter/);
+        spent = COST; // recorded in the shared ledger meanwhile
+        // The lease runs out; the other instance takes it back with its reservation.
+        await until(async () => (await other.snapshot(acct)).inFlight === 0, 5000, 'the lease taken back');
+        assert.equal((await other.snapshot(acct)).reservedMicro, 0);
+      } finally {
+        relay.away = false;
+      }
+      cutOff.release(t);
+      await until(async () => {
+        const s = await other.snapshot(acct);
+        return s.spentTodayMicro === COST && s.inFlight === 0;
+      }, 5000, 'the settlement sent again and counted');
+      await new Promise((r) => setTimeout(r, 700)); // more renewals: a second count would show
+      const s = await other.snapshot(acct);
+      assert.equal(s.spentTodayMicro, COST, 'spent once');
+      assert.equal(s.balanceMicro, 10_000 - COST, 'taken from the balance once');
+      assert.equal(s.reservedMicro, 0);
+    } finally {
+      await cutOff.close();
+      await other.close();
+    }
+  });
+
   test('a settlement still out when the limiter closes: close waits for it, then sends the release that waited (found in review: the slot was left to its lease)', async () => {
     const closing = new RedisLimiter({ url: server.url, prefix: 'lost:', timeoutMs: 1000, leaseMs: 60_000 });
     await closing.whenReady(3000);

@@ -143,7 +143,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
     await withClient(async (client) => {
       const name = /mg_batch_[0-9a-f]{16}/.exec(cli('function', 'list'))![0];
       const p = `fn${randomBytes(3).toString('hex')}{a}`;
-      const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
+      const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`, `${p}:x`];
       const fcall = (...args: string[]) => client.sendCommand(['FCALL', name, String(keys.length), ...keys, '0', '30000', ...args]);
       assert.deepEqual(await fcall('a', 'u1', '-1,-1,-1,-1,-1', '7', '00'), ['ok']);
       // Released saying 0 (its settlement gave it back): a reservation made in this same call
@@ -217,7 +217,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
   test('the batch script checks each op on its own: a bad op answers its error, writes nothing, and the others run', async () => {
     await withClient(async (client) => {
       const p = `raw${randomBytes(3).toString('hex')}{a}`;
-      const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
+      const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`, `${p}:x`];
       const idem = `${p}:i:x`;
       // An admission with an Idempotency-Key ('ai': its key follows): rpm, concurrency, key rpm,
       // key concurrency, cap; the estimate; flags prepaid and instant.
@@ -275,7 +275,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
   test('a reservation is given back once: a settlement after its lease ran out (and an admission expired it) takes nothing back again', async () => {
     await withClient(async (client) => {
       const p = `once${randomBytes(3).toString('hex')}{a}`;
-      const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
+      const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`, `${p}:x`];
       const admit = (id: string, lease: string) => client.eval(BATCH, { keys, arguments: ['0', lease, 'a', id, '-1,-1,-1,-1,-1', '5', '00'] });
       assert.deepEqual(await admit('t1', '1'), ['ok']); // a lease of 1 ms: t1's instance "died"
       const redisMs = async () => { const [s, us] = (await client.sendCommand(['TIME'])) as [string, string]; return Number(s) * 1000 + Math.floor(Number(us) / 1000); };
@@ -330,7 +330,7 @@ describe('Redis limiter: one script call per account and turn', { skip: hasRedis
   test('leases and reservations of one call are written once at its end: counted for the concurrency checks before, taken back by a release in the same call, and the key\'s set given its time to live', async () => {
     await withClient(async (client) => {
       const p = `pend${randomBytes(3).toString('hex')}{a}`;
-      const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`];
+      const keys = [`${p}:wt`, `${p}:wn`, `${p}:s`, `${p}:m`, `${p}:r`, `${p}:x`];
       const ks = [`${p}:kwt`, `${p}:kwn`, `${p}:ks`];
       // Account concurrency 3, key concurrency 2, an estimate of 7 each: the third keyed admission
       // is refused on the key's count, t4 (no key) fits the account's, t5 is over it; then t1

@@ -114,7 +114,7 @@ if (hasRedis) {
       await client.connect();
       try {
         await client.flushAll();
-        const keys = ['x{a}:wt', 'x{a}:wn', 'x{a}:s', 'x{a}:m', 'x{a}:r', 'x{a}:i:z'];
+        const keys = ['x{a}:wt', 'x{a}:wn', 'x{a}:s', 'x{a}:m', 'x{a}:r', 'x{a}:x', 'x{a}:i:z'];
         // BATCH: needsrc lease, then one admission with an Idempotency-Key ('ai', its key last):
         // id, "rpm,concurrency,key rpm,key concurrency,cap", estimate, flags prepaid and instant.
         const good = ['0', '30000', 'ai', 't1', '10,10,-1,-1,1000', '5', '00'];
