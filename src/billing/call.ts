@@ -15,7 +15,7 @@ import { costMicro, type Usage } from '../money.js';
 import { tokensOf } from '../protocols/common.js';
 import type { Endpoint, Exchange } from '../providers/types.js';
 import { Watch, type Watchlist } from '../providers/watchlist.js';
-import type { CallRequest } from '../protocols/types.js';
+import type { AudioAsked, CallRequest } from '../protocols/types.js';
 import { callEntry } from './entries.js';
 
 /**
@@ -63,6 +63,8 @@ export class BilledCall implements Exchange {
   private outputChars = 0;
   /** Answers asked for (chat's `n`): each may hold up to the model's output limit. */
   private readonly choices: number;
+  /** Where the request asked for audio (chat), or null: an estimate then prices it as audio. */
+  private readonly audio: AudioAsked | null;
   /** Usage the provider reported before its final count, if any. */
   private reported: Usage | null = null;
   /** Whether the provider has the whole request (and did not refuse it). */
@@ -95,6 +97,7 @@ export class BilledCall implements Exchange {
     this.body = call.body;
     this.stream = call.stream;
     this.choices = call.choices;
+    this.audio = call.audio ?? null;
     this.requestId = ctx.id;
     this.maxAttempts = gw.config.routing.maxAttempts;
     gw.inFlight++;
@@ -112,7 +115,7 @@ export class BilledCall implements Exchange {
       res.on('close', this.onClose); // emitted once
       if (queued) {
         this.queuedOn = req.socket;
-        req.socket.once('close', this.onClose);
+        whenConnectionCloses(req.socket, this.onClose);
       }
     }
   }
@@ -252,16 +255,28 @@ export class BilledCall implements Exchange {
     // No provider bills more output than the model's limit allows (a broken one may send more).
     const relayed = Math.min(tokensOf(this.outputChars), this.model.outputTokenLimit * this.choices);
     const reported = this.reported;
-    if (reported === null) return { inputTokens: this.inputTokens, outputTokens: relayed, cacheReadTokens: 0, cacheWriteTokens: 0 };
+    if (reported === null) return this.asAudio({ inputTokens: this.inputTokens, outputTokens: relayed, cacheReadTokens: 0, cacheWriteTokens: 0 });
     const price = this.model.price;
     // Input against input: the searches reported are added after (found in review: compared
     // with the estimate's input, they could replace it, or be dropped).
-    const reportedInput: Usage = { ...reported, outputTokens: 0, webSearches: 0 };
-    const estimatedInput: Usage = { inputTokens: this.inputTokens, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: 0 };
+    const reportedInput: Usage = { ...reported, outputTokens: 0, webSearches: 0, audioOutputTokens: 0 };
+    const estimatedInput = this.asAudio({ inputTokens: this.inputTokens, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: 0 });
     const input = costMicro(price, reportedInput) >= costMicro(price, estimatedInput) ? reportedInput : estimatedInput;
     input.outputTokens = Math.max(reported.outputTokens, relayed);
     input.webSearches = reported.webSearches ?? 0;
+    if (this.audio?.output != null) input.audioOutputTokens = input.outputTokens;
     return input;
+  }
+
+  /**
+   * An estimate of a call that asked for audio, priced as audio, as it was reserved (found in
+   * review: a client leaving before the usage came was charged its audio at the text prices).
+   */
+  private asAudio(usage: Usage): Usage {
+    if (this.audio === null) return usage;
+    if (this.audio.input !== null) usage.audioInputTokens = usage.inputTokens;
+    if (this.audio.output !== null) usage.audioOutputTokens = usage.outputTokens;
+    return usage;
   }
 
   /**
@@ -339,7 +354,7 @@ export class BilledCall implements Exchange {
   private readonly onClose = (): void => {
     if (this.closed) return; // a pipelined answer's connection, then its own close
     this.closed = true;
-    this.queuedOn?.removeListener('close', this.onClose);
+    if (this.queuedOn !== null) waitingOn.get(this.queuedOn)?.delete(this.onClose);
     try {
       this.clientRead();
       if (!this.res.writableFinished) {
@@ -361,6 +376,26 @@ export class BilledCall implements Exchange {
 }
 
 /**
+ * The pipelined answers waiting on each connection: one 'close' listener a connection, however
+ * many wait (found in review: one each, Node warned of a leak past ten).
+ */
+const waitingOn = new WeakMap<Socket, Set<() => void>>();
+
+function whenConnectionCloses(socket: Socket, close: () => void): void {
+  let waiting = waitingOn.get(socket);
+  if (waiting === undefined) {
+    const calls = new Set<() => void>();
+    waitingOn.set(socket, calls);
+    socket.once('close', () => {
+      waitingOn.delete(socket);
+      for (const call of calls) call();
+    });
+    waiting = calls;
+  }
+  waiting.add(close);
+}
+
+/**
  * `usage`, with its input taken from `floor` (all three kinds, as `floor` splits them) when
  * `floor` reported more input in all. The input as a whole, not each kind: a server may count
  * cache tokens inside its running input and split them out only at the end, and the larger of
@@ -373,5 +408,6 @@ function atLeast(usage: Usage, floor: Usage): Usage {
   return {
     inputTokens: floor.inputTokens, outputTokens: usage.outputTokens, cacheReadTokens: floor.cacheReadTokens, cacheWriteTokens: floor.cacheWriteTokens,
     cacheWrite1hTokens: floor.cacheWrite1hTokens ?? 0, webSearches: usage.webSearches ?? 0,
+    audioInputTokens: Math.min(floor.audioInputTokens ?? 0, floor.inputTokens), audioOutputTokens: usage.audioOutputTokens ?? 0,
   };
 }

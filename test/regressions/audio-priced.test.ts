@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
+import { estimateInputTokens } from '../../src/billing/estimate.js';
 import { FakeUpstream, json, openaiCompletion, openaiStream } from '../helpers/fake-upstream.js';
 import { entriesOf, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
@@ -71,6 +72,23 @@ describe('regression: audio tokens at their own prices, or refused', () => {
     assert.equal(res.status, 200);
     await res.text();
     assert.equal(entriesOf(gw, 'acct_a').at(-1)!.amountMicro, -cost);
+  });
+
+  test('a stream for audio cut before its usage: charged as audio, its transcript standing for the audio relayed (found in review: at the text prices, and no output)', async () => {
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const chunk = (delta: Record<string, unknown>) => `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta, finish_reason: null }] })}\n\n`;
+      res.write(chunk({ role: 'assistant', audio: { id: 'audio_1', data: 'AAAA', transcript: 'Hello the' } }) + chunk({ audio: { data: 'AAAA', transcript: 're, friend' } }));
+      setTimeout(() => res.socket?.destroy(), 30);
+    });
+    const body = { model: 'voice', stream: true, messages: [{ role: 'user', content: 'x'.repeat(400) }], modalities: ['text', 'audio'], audio: { voice: 'alloy', format: 'pcm16' } };
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-a', body);
+    await assert.rejects(res.text());
+    const charge = entriesOf(gw, 'acct_a').at(-1)!;
+    const input = estimateInputTokens(body)!;
+    const output = Math.ceil((19 * 12) / 4); // 19 characters of transcript
+    assert.deepEqual([charge.estimated, charge.inputTokens, charge.outputTokens], [true, input, output]);
+    assert.equal(charge.amountMicro, -Math.ceil(input * 2.5 + output * 80), 'input at the text price (no audio in), output at the audio one');
   });
 
   test('an audio answer reserves its output at the audio price: 20,000 tokens ($1.60) leave a prepaid $1 nothing while it runs, as text ($0.20) they do', async () => {

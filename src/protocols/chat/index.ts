@@ -61,6 +61,12 @@ function audioAsked(b: Record<string, unknown>): AudioAsked | null {
 }
 
 const OUTPUT = new Set(['content', 'refusal', 'arguments', 'reasoning_content']);
+/**
+ * Speech is about 50 audio tokens a second at OpenAI (its $0.24 a minute at $80 a million) and
+ * about 15 characters of transcript: some 3 tokens a character, 12 of the 4-character units
+ * output is counted in.
+ */
+const AUDIO_CHARS_PER_TRANSCRIPT_CHAR = 12;
 
 /** The client asked for the usage chunk of a stream itself (else the gateway asks, and drops it). */
 const clientAskedUsage = (body: Record<string, unknown>) => isObj(body.stream_options) && body.stream_options.include_usage === true;
@@ -143,6 +149,8 @@ export const chat: WireProtocol = {
           if (typeof delta.refusal === 'string') ex.noteOutput(delta.refusal.length);
           if (typeof delta.reasoning_content === 'string') ex.noteOutput(delta.reasoning_content.length);
           if (Array.isArray(delta.tool_calls)) ex.noteOutput(JSON.stringify(delta.tool_calls).length);
+          // Spoken output: its transcript, at the audio tokens it stands for (an estimate).
+          if (isObj(delta.audio) && typeof delta.audio.transcript === 'string') ex.noteOutput(delta.audio.transcript.length * AUDIO_CHARS_PER_TRANSCRIPT_CHAR);
         }
         const seen = chatUsage(chunk.usage);
         if (seen !== null) {
