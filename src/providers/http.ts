@@ -424,7 +424,9 @@ export class HttpProvider implements Provider {
         // Usage is read out of the answer's bytes; the whole answer is decoded and parsed only
         // when that fails (no usage field, unbelievable counts, or something that may not be JSON).
         const wire = WIRES[ex.endpoint];
-        const found = wire.billsOutsideUsage?.(answer) === true ? undefined : usageField(answer);
+        // (Too large to parse whole, its usage field is read all the same: its tokens are exact.)
+        const whole = answer.length <= MAX_PARSED_ANSWER_BYTES && wire.billsOutsideUsage?.(answer) === true;
+        const found = whole ? undefined : usageField(answer);
         let usage = found === undefined ? null : wire.usage({ usage: found });
         if (usage === null && answer.length > MAX_PARSED_ANSWER_BYTES) {
           ex.noteOutput(answer.length); // charged as an estimate, not parsed (found in review: heap)

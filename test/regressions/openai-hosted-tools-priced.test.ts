@@ -81,6 +81,20 @@ describe('regression: OpenAI hosted tools are charged or refused', () => {
     assert.equal(charge.amountMicro, -(Math.ceil(estimate * 2) + 20_000));
   });
 
+  test('searches started count even when their events come without a name, and when the final response leaves them out (found in review)', async () => {
+    const unnamed = (data: Record<string, unknown>) => `data: ${JSON.stringify(data)}\n\n`;
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(unnamed({ type: 'response.output_item.added', output_index: 0, item: { ...searchItem(0), status: 'in_progress' } }) +
+        unnamed({ type: 'response.output_item.added', output_index: 1, item: { ...searchItem(1), status: 'in_progress' } }) +
+        sse('response.completed', { response: response([message]) }));
+    });
+    const res = await postJson(`${gw.url}/v1/responses`, 'sk-o', body(true));
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.equal(entriesOf(gw, 'acct_o').at(-1)!.amountMicro, -(tokens + 20_000));
+  });
+
   for (const type of ['file_search', 'code_interpreter', 'image_generation']) {
     test(`the ${type} tool is refused before admission`, async () => {
       const hits = up.hits;

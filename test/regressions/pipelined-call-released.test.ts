@@ -38,3 +38,25 @@ test('regression: a pipelined call whose connection dies while it waits is relea
   assert.equal(again.status, 200, 'the Idempotency-Key is free again');
   await again.text();
 });
+
+test('regression: many pipelined calls waiting on one connection share one close listener (found in review: Node warned of a listener leak past ten)', async () => {
+  const warnings: string[] = [];
+  const onWarning = (w: Error) => warnings.push(w.name);
+  process.on('warning', onWarning);
+  try {
+    const port = new URL(gw.url).port;
+    const socket = connect(Number(port), '127.0.0.1');
+    await new Promise<void>((resolve) => socket.once('connect', resolve));
+    socket.on('error', () => {});
+    let text = rawRequest('slow-1', 'w0');
+    for (let i = 1; i < 15; i++) text += rawRequest('echo-1', `w${i}`);
+    socket.write(text);
+    await until(() => gw.gateway.inFlight === 15, 2000, 'all admitted');
+    socket.destroy();
+    await until(() => gw.gateway.inFlight === 0, 2000, 'every call released');
+    await new Promise((r) => setImmediate(r));
+    assert.deepEqual(warnings.filter((w) => w === 'MaxListenersExceededWarning'), []);
+  } finally {
+    process.off('warning', onWarning);
+  }
+});

@@ -157,7 +157,9 @@ export const responses: WireProtocol = {
       } catch {
         return;
       }
-      if (!isObj(msg) || !isObj(msg.item) || msg.item.type !== 'web_search_call') return;
+      if (isObj(msg) && isObj(msg.item) && msg.item.type === 'web_search_call') searched();
+    };
+    const searched = () => {
       // No tokens reported yet: an abnormal end is charged the input estimate, the output relayed, and these.
       ex.noteUsage({ inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: ++searches });
     };
@@ -181,11 +183,18 @@ export const responses: WireProtocol = {
           return PASS;
         }
         if (!isObj(msg) || typeof msg.type !== 'string') return PASS;
+        if (msg.type === 'response.output_item.added') {
+          // (Named events are looked at above; this one came without its name.)
+          if (isObj(msg.item) && msg.item.type === 'web_search_call') searched();
+          return PASS;
+        }
         if (DELTAS.has(msg.type)) {
           if (typeof msg.delta === 'string') ex.noteOutput(msg.delta.length);
         } else if (FINAL.has(msg.type)) {
           // The last event: its response carries the usage; it leaves once the charge is settled.
           usage = isObj(msg.response) ? responsesUsage(msg.response) : null;
+          // The searches seen started count even when the final response leaves them out.
+          if (usage !== null && searches > (usage.webSearches ?? 0)) usage.webSearches = searches;
           if (usage !== null) ex.noteUsage(usage);
           return { forward: true, final: true };
         }
