@@ -24,7 +24,8 @@
  *                 no src answers 'restore', and the instance rebuilds the hash from the ledger, once)
  *   P{A}:r        reservations: hash ticket id -> micro-dollars (returned when a lease expires)
  *   P{A}:x        leases that ran out: hash ticket id -> 'r' (its reservation was taken back, and no
- *                 settlement has come since: see resettle) or 'l' (it held none); see RENEW
+ *                 settlement has come since) or 'l' (it held none: a settlement had taken it); see
+ *                 resettle. Kept a day from its first note (growth is bounded by a day's run-outs)
  *   P{A}:kwt:K, P{A}:kwn:K  per-key RPM window of key K;  P{A}:ks:K  per-key leases of key K
  *   P{A}:i:X      Idempotency-Key X in flight: string = ticket id, expires with the lease
  *   P{A}:c:E      admin credit E applied (E: its Idempotency-Key, or its entry id); expires after 8 days
@@ -72,8 +73,8 @@ local function unsourced(needsrc, m)
 end
 -- Leases of a crashed instance run out: drops them and their reservations; returns the sum
 -- of those reservations, which the caller gives back to the money hash's resv. Each is noted
--- in x (8 days): its instance may have been cut off, not crashed, and come back to renew it
--- (RENEW) or to send its settlement again (resettle).
+-- in x: its instance may have been cut off, not crashed, and come back to send its settlement
+-- again (resettle). An 'r' note stays 'r' when the lease, taken again, runs out again.
 local function expireLeases(s, r, x)
   local expired = redis.call('ZRANGEBYSCORE', s, '-inf', now)
   if #expired == 0 then return 0 end
@@ -86,10 +87,10 @@ local function expireLeases(s, r, x)
       back = back + num(amt)
       redis.call('HSET', x, tid, 'r')
     else
-      redis.call('HSET', x, tid, 'l')
+      redis.call('HSETNX', x, tid, 'l')
     end
   end
-  redis.call('PEXPIRE', x, 691200000)
+  redis.call('PEXPIRE', x, 86400000, 'NX')
   return back
 end
 `;
@@ -98,13 +99,13 @@ const PRELUDE = `local now, day${HELPERS}${CLOCK}`;
 
 /**
  * Extends the leases of a live ticket. KEYS: s ks i r m x. ARGV: id lease haskey hasidem reserved.
- * A lease that ran out while its call still runs (this instance could not reach Redis for a
- * whole lease, and another admission took the lease back, as a crashed instance's) is taken
- * again: the slot, the reservation it still holds (ARGV[5]: 0 once its settlement went out,
- * which may have taken it) and the Idempotency-Key unless another call holds it now (found in
- * review: the running call was never counted again, so concurrency, a cap or a balance could
- * be passed by it). Only a lease x says ran out: a renewal that comes after its ticket's
- * release (sent again after NOSCRIPT, say) finds none, and takes nothing. Returns 1, or 0 then.
+ * A lease that is gone while its call still runs (this instance could not reach Redis for a
+ * whole lease, and another admission took the lease back, as a crashed instance's; or Redis
+ * lost its data) is taken again: the slot, the reservation it still holds (ARGV[5]: 0 once its
+ * settlement went out, which may have taken it) and the Idempotency-Key unless another call
+ * holds it now (found in review: the running call was never counted again, so concurrency, a
+ * cap or a balance could be passed by it). The instance never sends a renewal again (after a
+ * NOSCRIPT, say), so none reaches Redis after its ticket's release.
  */
 export const RENEW = `${PRELUDE}
 local id = ARGV[1]
@@ -115,22 +116,19 @@ local est = int(ARGV[5], 0, SAFE)
 if lease == nil then return bad('lease') end
 if haskey == nil or hasidem == nil then return bad('flag') end
 if est == nil then return bad('est') end
-if redis.call('ZSCORE', KEYS[1], id) then
-  redis.call('ZADD', KEYS[1], 'XX', now + lease, id)
-  if haskey and redis.call('ZADD', KEYS[2], 'XX', 'CH', now + lease, id) == 1 then redis.call('PEXPIRE', KEYS[2], lease * 2) end
-  if hasidem and redis.call('GET', KEYS[3]) == id then redis.call('PEXPIRE', KEYS[3], lease) end
-  return 1
+if redis.call('ZADD', KEYS[1], now + lease, id) == 1 and est > 0 and redis.call('HSETNX', KEYS[4], id, est) == 1 then
+  add(KEYS[5], 'resv', est)
+  redis.call('HDEL', KEYS[6], id) -- reserved again: its settlement will find it
 end
-local lapsed = redis.call('HGET', KEYS[6], id)
-if not lapsed then return 0 end
-redis.call('ZADD', KEYS[1], now + lease, id)
-if lapsed == 'l' or est > 0 then redis.call('HDEL', KEYS[6], id) end -- else kept for its settlement sent again
-if lapsed == 'r' and est > 0 and redis.call('HSETNX', KEYS[4], id, est) == 1 then add(KEYS[5], 'resv', est) end
 if haskey then
   redis.call('ZADD', KEYS[2], now + lease, id)
   redis.call('PEXPIRE', KEYS[2], lease * 2)
 end
-if hasidem and not redis.call('GET', KEYS[3]) then redis.call('SET', KEYS[3], id, 'PX', lease) end
+if hasidem then
+  local holder = redis.call('GET', KEYS[3])
+  if holder == id then redis.call('PEXPIRE', KEYS[3], lease)
+  elseif not holder then redis.call('SET', KEYS[3], id, 'PX', lease) end
+end
 return 1
 `;
 
@@ -495,10 +493,12 @@ end
 -- confirmed), a reservation gone from the hash means a settlement took it: nothing more to do.
 -- With the lease gone too (a long outage, or Redis lost its data) it cannot be told: with a
 -- shared ledger, whose books Redis's money is rebuilt from after a loss and which holds the
--- call, it is not charged again; without, it is charged. Unless the reservation is in X: a
--- lease that ran out took it back, and no settlement has come since (found in review: such a
--- settlement, lost, was never counted in Redis's money). Nothing reserved: charged, unless the
--- ledger is shared and the lease is gone (the same rule).
+-- call, it is not charged again; without, it is charged. Unless X noted the lease running out:
+-- 'r', it took the reservation back, and no settlement has come since (found in review: such
+-- a settlement, lost, was never counted in Redis's money): charged; 'l', the reservation was
+-- gone already, a settlement took it: not charged again (found in review of that fix: without
+-- a shared ledger, charged twice). Nothing reserved: charged, unless the ledger is shared and
+-- the lease is gone (the same rule).
 local function resettle(id, a_cost, a_prepaid, a_est)
   if type(id) ~= 'string' or id == '' then return bad('id') end
   local cost, prepaid, est = int(a_cost, 0, SAFE), flag(a_prepaid), int(a_est, 0, SAFE)
@@ -506,9 +506,9 @@ local function resettle(id, a_cost, a_prepaid, a_est)
   if prepaid == nil then return bad('flag') end
   if est == nil then return bad('est') end
   if nosrc() then return {'restore'} end
-  if est > 0 and reserved[id] == nil and redis.call('HEXISTS', R, id) == 0 and (needsrc or redis.call('ZSCORE', S, id))
-    and redis.call('HGET', X, id) ~= 'r' then
-    return mget('bal')
+  if est > 0 and reserved[id] == nil and redis.call('HEXISTS', R, id) == 0 then
+    local note = redis.call('HGET', X, id)
+    if note == 'l' or (note ~= 'r' and (needsrc or redis.call('ZSCORE', S, id))) then return mget('bal') end
   end
   if est == 0 and needsrc and not pending(S, id) and not redis.call('ZSCORE', S, id) then return mget('bal') end
   return settle(id, a_cost, a_prepaid, a_est)
@@ -520,8 +520,7 @@ local function release(ks, ik, haskey, hasidem, id, a_est)
   if est == nil then return bad('est') end
   -- The reservation first: should a later command fail, the lease still runs out by itself.
   giveBack(id, est)
-  -- A lease that ran out: its note goes too (rare: no write on the common path), so a renewal
-  -- that comes after this release takes nothing again.
+  -- A lease that ran out: its note goes too (rare: no write on the common path).
   if zrem(S, id) == 0 then redis.call('HDEL', X, id) end
   if haskey then zrem(ks, id) end
   if hasidem and redis.call('GET', ik) == id then redis.call('DEL', ik) end

@@ -193,6 +193,83 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
     }
   });
 
+  test('without a shared ledger, a settlement Redis ran whose answer was lost, its instance then cut off past its lease: sent again, not counted twice (found in review: the lease gone, it was charged again)', async () => {
+    const cutOff = new RedisLimiter({ url: relay.url, prefix: 'lapse-nl:', timeoutMs: 200, leaseMs: 600 });
+    const other = new RedisLimiter({ url: server.url, prefix: 'lapse-nl:', timeoutMs: 200, leaseMs: 600 });
+    try {
+      await Promise.all([cutOff.whenReady(3000), other.whenReady(3000)]);
+      const acct = account('acct_lapse_nl');
+      await other.credit(acct.id, 10_000, 'c-lapse-nl');
+      const t = await cutOff.admit(acct, key, null, 5_000);
+      assert.ok(t.ok);
+      relay.cut = 'answer'; // Redis applies the settlement; its answer is lost with the connection
+      await assert.rejects(cutOff.settle(t, COST), /limiter/);
+      relay.away = true;
+      try {
+        // The lease runs out; the other instance takes it back (its reservation was already taken).
+        await until(async () => (await other.snapshot(acct)).inFlight === 0, 5000, 'the lease taken back');
+      } finally {
+        relay.away = false;
+      }
+      cutOff.release(t);
+      await until(async () => cutOff.ready() && (await other.snapshot(acct)).inFlight === 0, 5000, 'back, and released');
+      await new Promise((r) => setTimeout(r, 700)); // renewals and resends: a second count would show
+      const s = await other.snapshot(acct);
+      assert.equal(s.spentTodayMicro, COST, 'spent once');
+      assert.equal(s.balanceMicro, 10_000 - COST, 'taken from the balance once');
+      assert.equal(s.reservedMicro, 0);
+    } finally {
+      await cutOff.close();
+      await other.close();
+    }
+  });
+
+  test('a lease that runs out twice before its lost settlement is sent again keeps its note: the settlement counts once (found in review: the second run-out took the note for a settled call)', async () => {
+    const cutOff = new RedisLimiter({ url: relay.url, prefix: 'lapse-2:', timeoutMs: 200, leaseMs: 600 });
+    const other = new RedisLimiter({ url: server.url, prefix: 'lapse-2:', timeoutMs: 200, leaseMs: 600 });
+    const away = async (what: string) => {
+      relay.away = true;
+      try {
+        await until(async () => (await other.snapshot(acct)).inFlight === 0, 5000, what);
+      } finally {
+        relay.away = false;
+      }
+    };
+    const acct = account('acct_lapse_2');
+    try {
+      await Promise.all([cutOff.whenReady(3000), other.whenReady(3000)]);
+      await other.credit(acct.id, 10_000, 'c-lapse-2');
+      const t = await cutOff.admit(acct, key, null, 5_000);
+      assert.ok(t.ok);
+      await away('the lease taken back, with its reservation');
+      await until(() => cutOff.ready(), 5000, 'back');
+      // Its settlement never reaches Redis, and is not sent again until the lease has run out twice.
+      const held = cutOff as unknown as { resendSettlements: () => void };
+      const resend = held.resendSettlements;
+      held.resendSettlements = () => {};
+      relay.cut = 'request';
+      await assert.rejects(cutOff.settle(t, COST), /limiter/);
+      await until(async () => cutOff.ready() && (await other.snapshot(acct)).inFlight === 1, 5000, 'the lease taken again by a renewal');
+      relay.away = true; // before the settlement is sent again: the lease runs out a second time
+      try {
+        await until(async () => (await other.snapshot(acct)).inFlight === 0, 5000, 'the lease taken back again');
+      } finally {
+        relay.away = false;
+      }
+      held.resendSettlements = resend;
+      cutOff.release(t);
+      await until(async () => {
+        const s = await other.snapshot(acct);
+        return s.spentTodayMicro === COST && s.inFlight === 0;
+      }, 5000, 'the settlement sent again and counted');
+      const s = await other.snapshot(acct);
+      assert.deepEqual([s.spentTodayMicro, s.balanceMicro, s.reservedMicro], [COST, 10_000 - COST, 0]);
+    } finally {
+      await cutOff.close();
+      await other.close();
+    }
+  });
+
   test('a settlement still out when the limiter closes: close waits for it, then sends the release that waited (found in review: the slot was left to its lease)', async () => {
     const closing = new RedisLimiter({ url: server.url, prefix: 'lost:', timeoutMs: 1000, leaseMs: 60_000 });
     await closing.whenReady(3000);
