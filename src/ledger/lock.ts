@@ -157,9 +157,10 @@ function stale(path: string, holder: Holder | null, staleMs: number): boolean {
       process.kill(holder.pid, 0);
       // Alive, unless the pid now names another process, one that started at another time
       // (found in review: after a restart that reused the holder's pid, the lock was never
-      // taken over and every start failed).
+      // taken over and every start failed), and the heartbeat stopped too: a holder in another
+      // pid namespace with the same hostname (found in review of that fix) beats.
       const since = typeof holder.since === 'string' ? processStart(holder.pid) : null;
-      return since !== null && since !== holder.since;
+      return since !== null && since !== holder.since && age > staleMs;
     } catch (err) {
       return (err as NodeJS.ErrnoException).code !== 'EPERM'; // EPERM: alive, another user's
     }

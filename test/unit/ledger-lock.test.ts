@@ -38,7 +38,10 @@ describe('the ledger directory lock', () => {
     writeFileSync(path, JSON.stringify({ pid: process.ppid, host: hostname(), token: 'holder', since }));
     assert.throws(() => DirLock.acquire(dir), LedgerLockedError, 'the process that wrote it still runs');
     writeFileSync(path, JSON.stringify({ pid: process.ppid, host: hostname(), token: 'reused', since: String(Number(since) - 1) }));
-    const lock = DirLock.acquire(dir);
+    assert.throws(() => DirLock.acquire(dir, { staleMs: 60_000 }), LedgerLockedError, 'its heartbeat still runs: another pid namespace\'s holder, say');
+    const old = new Date(Date.now() - 120_000);
+    utimesSync(path, old, old);
+    const lock = DirLock.acquire(dir, { staleMs: 60_000 });
     assert.equal(JSON.parse(readFileSync(path, 'utf8')).pid, process.pid);
     lock.release();
   });
