@@ -90,10 +90,11 @@ export function replaceTopLevel(text: string, key: string, json: string): string
     for (let k = i + 1; k < keyEnd - 1; k++) if (text.charCodeAt(k) === BACKSLASH) return null;
     const isKey = keyEnd - i === quoted.length && text.startsWith(quoted, i);
     if (!isKey) {
-      // A real body has a few dozen top-level keys at most: a linear search of where they are
-      // written costs less than a Set of copies, and a body with more is serialised instead
-      // (so no body makes the search quadratic).
-      if (keyCount === MAX_KEYS || seenBefore(text, i, keyEnd)) return null;
+      // A real body has a few dozen short top-level keys: a linear search of where they are
+      // written costs less than a Set of copies, and a body with more, or longer ones, is
+      // serialised instead (so no body makes the search costly: 63 keys of 61 KB alike but for
+      // their last characters took a second, found in review).
+      if (keyCount === MAX_KEYS || keyEnd - i > MAX_KEY_CHARS || seenBefore(text, i, keyEnd)) return null;
       keys[2 * keyCount] = i;
       keys[2 * keyCount + 1] = keyEnd;
       keyCount++;
@@ -126,6 +127,8 @@ export function replaceTopLevel(text: string, key: string, json: string): string
 const keys: number[] = [];
 let keyCount = 0;
 const MAX_KEYS = 64;
+/** The longest top-level key the splice compares (quotes included); longer, the body is serialised. */
+const MAX_KEY_CHARS = 258;
 
 /** Whether the key written at text[start, end) was written before, the same way. */
 function seenBefore(text: string, start: number, end: number): boolean {
