@@ -225,3 +225,14 @@ test('access lines: the parts kept per path stay small in bytes; a long path is 
   assert.equal(written.length, 301);
   assert.equal(written[299]!.path, `/${'\\'.repeat(600)}299`);
 });
+
+test('access lines: a path over 1,024 characters shows its first 1,024 and its length (found in review: a 16 KB path of quotes made a 32 KB line)', () => {
+  const lines: string[] = [];
+  const access = new AccessLines(new LogOutput((text) => lines.push(text), 1_048_576), (line) => lines.push(line));
+  const path = `/${'"'.repeat(16_383)}`;
+  access.write(performance.now(), 'req_1', 'GET', path, 404, 10, null, null);
+  (access as unknown as { output: LogOutput }).output.flushSync();
+  const line = lines.join('').trimEnd();
+  assert.ok(line.length < 2_500, `${line.length} bytes`);
+  assert.equal((JSON.parse(line) as { path: string }).path, `${path.slice(0, 1024)}...(16384 characters)`);
+});
