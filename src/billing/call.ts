@@ -17,6 +17,7 @@ import type { Endpoint, Exchange } from '../providers/types.js';
 import { Watch, type Watchlist } from '../providers/watchlist.js';
 import type { AudioAsked, CallRequest } from '../protocols/types.js';
 import { callEntry } from './entries.js';
+import { audioInputEstimate } from './estimate.js';
 
 /**
  * What a billed call needs of the gateway, and no more: billing knows nothing of routing,
@@ -274,7 +275,7 @@ export class BilledCall implements Exchange {
    */
   private asAudio(usage: Usage): Usage {
     if (this.audio === null) return usage;
-    if (this.audio.input !== null) usage.audioInputTokens = usage.inputTokens;
+    if (this.audio.input !== null) usage.audioInputTokens = audioInputEstimate(this.audio, usage.inputTokens);
     if (this.audio.output !== null) usage.audioOutputTokens = usage.outputTokens;
     return usage;
   }

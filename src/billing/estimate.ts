@@ -149,3 +149,12 @@ export function searchesAllowed(body: Record<string, unknown>): number {
   if (unbounded && Number.isSafeInteger(calls) && (calls as number) > 0) n = Math.min(MAX_TOKENS, n + (calls as number));
   return n;
 }
+
+/**
+ * Of an input estimate, the audio tokens: each audio part's fixed figure (found in review: the
+ * whole input was priced as audio, a long text conversation with one audio part at many times
+ * its price).
+ */
+export function audioInputEstimate(audio: { readonly inputParts: number }, inputTokens: number): number {
+  return Math.min(inputTokens, audio.inputParts * DOCUMENT_TOKENS);
+}

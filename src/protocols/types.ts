@@ -26,6 +26,8 @@ export interface CallRequest {
 export interface AudioAsked {
   readonly input: string | null;
   readonly output: string | null;
+  /** Audio parts in the input (each estimated at DOCUMENT_TOKENS, as the input estimate counts it). */
+  readonly inputParts: number;
 }
 
 export type Checked = { ok: true; call: CallRequest } | { ok: false; message: string; param: string };

@@ -4,7 +4,7 @@ import { readBody, type BodyResult } from '../http/body.js';
 import type { RequestContext } from '../http/context.js';
 import { sendError } from '../http/reply.js';
 import { costMicro, MAX_TOKENS, type Price } from '../money.js';
-import { estimateInputTokens, MAX_DEPTH, searchesAllowed } from '../billing/estimate.js';
+import { audioInputEstimate, estimateInputTokens, MAX_DEPTH, searchesAllowed } from '../billing/estimate.js';
 import { WIRES } from '../protocols/index.js';
 import type { AudioAsked, CallRequest, Endpoint, WireProtocol } from '../protocols/types.js';
 import type { Deployment, ModelEntry } from '../directory.js';
@@ -52,14 +52,14 @@ function checkOutputLimits(call: CallRequest, outputTokenLimit: number): { messa
 
 /**
  * What a call reserves: its input estimate and output budget, its web searches, and, when it
- * asks for audio, all of its input or output at the audio price (more than it may use: the
- * estimate does not tell audio from text).
+ * asks for audio, its audio parts' figures at the audio input price and all of its output at
+ * the audio output price.
  */
 function reservation(call: CallRequest, price: Price, inputTokens: number, outputTokens: number): number {
   const audio = call.audio;
   return costMicro(price, {
     inputTokens, outputTokens, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: searchesAllowed(call.body),
-    audioInputTokens: audio?.input != null ? inputTokens : 0, audioOutputTokens: audio?.output != null ? outputTokens : 0,
+    audioInputTokens: audio?.input != null ? audioInputEstimate(audio, inputTokens) : 0, audioOutputTokens: audio?.output != null ? outputTokens : 0,
   });
 }
 

@@ -17,6 +17,7 @@ describe('regression: audio tokens at their own prices, or refused', () => {
   before(async () => {
     const base = await up.start();
     gw = await startGateway(testConfig({
+      server: { host: '127.0.0.1', port: 0, maxBodyBytes: 1_000_000 },
       plans: { p: { rpm: 1000, concurrency: 5 } },
       accounts: { acct_a: { plan: 'p' }, acct_pre: { plan: 'p', balanceUsd: 1 } },
       keys: { key_a: { account: 'acct_a', key: 'sk-a' }, key_pre: { account: 'acct_pre', key: 'sk-pre' } },
@@ -89,6 +90,36 @@ describe('regression: audio tokens at their own prices, or refused', () => {
     const output = Math.ceil((19 * 12) / 4); // 19 characters of transcript
     assert.deepEqual([charge.estimated, charge.inputTokens, charge.outputTokens], [true, input, output]);
     assert.equal(charge.amountMicro, -Math.ceil(input * 2.5 + output * 80), 'input at the text price (no audio in), output at the audio one');
+  });
+
+  test('a long text conversation with one audio part, cut before its usage: only that part\'s figure at the audio price (found in review: all the input was)', async () => {
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(`data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { role: 'assistant', content: 'ok' }, finish_reason: null }] })}\n\n`);
+      setTimeout(() => res.socket?.destroy(), 30);
+    });
+    const body = { model: 'voice', stream: true, messages: [{ role: 'user', content: [{ type: 'text', text: 'x'.repeat(40_000) }, audioPart] }] };
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-a', body);
+    await assert.rejects(res.text());
+    const charge = entriesOf(gw, 'acct_a').at(-1)!;
+    const input = estimateInputTokens(body)!;
+    assert.ok(input > 10_000);
+    assert.equal(charge.amountMicro, -Math.ceil((input - 3000) * 2.5 + 3000 * 40 + 1 * 10), 'the audio part\'s 3,000 at $40, the rest at $2.50, one output token at $10');
+  });
+
+  test('a whole answer without usage: its transcript stands for its audio, at the audio price (found in review: about nothing)', async () => {
+    up.queue.push((_req, res) => json(res, 200, {
+      id: 'c', object: 'chat.completion', created: 1, model: 'up',
+      choices: [{ index: 0, message: { role: 'assistant', content: null, audio: { id: 'audio_1', data: 'AAAA', expires_at: 1, transcript: 'Hello there, friend' } }, finish_reason: 'stop' }],
+    }));
+    const body = { model: 'voice', messages: [{ role: 'user', content: 'hi' }], modalities: ['text', 'audio'], audio: { voice: 'alloy', format: 'wav' } };
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-a', body);
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = entriesOf(gw, 'acct_a').at(-1)!;
+    const output = Math.ceil((19 * 12) / 4);
+    assert.deepEqual([charge.estimated, charge.outputTokens], [true, output]);
+    assert.equal(charge.amountMicro, -Math.ceil(estimateInputTokens(body)! * 2.5 + output * 80));
   });
 
   test('an audio answer reserves its output at the audio price: 20,000 tokens ($1.60) leave a prepaid $1 nothing while it runs, as text ($0.20) they do', async () => {

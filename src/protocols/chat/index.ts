@@ -41,23 +41,26 @@ export function chatUsage(u: unknown, output = true): Usage | null {
  */
 function audioAsked(b: Record<string, unknown>): AudioAsked | null {
   let input: string | null = null;
+  let inputParts = 0;
   const messages = b.messages as unknown[]; // checked: an array of objects
-  for (let i = 0; i < messages.length && input === null; i++) {
+  for (let i = 0; i < messages.length; i++) {
     const m = messages[i] as Record<string, unknown>;
-    if (m.audio !== undefined && m.audio !== null) input = `messages[${i}].audio`;
-    else if (Array.isArray(m.content)) {
-      for (let j = 0; j < m.content.length; j++) {
-        const part = m.content[j] as unknown;
-        if (isObj(part) && part.type === 'input_audio') {
-          input = `messages[${i}].content[${j}]`;
-          break;
-        }
+    if (m.audio !== undefined && m.audio !== null) {
+      input ??= `messages[${i}].audio`;
+      inputParts++;
+    }
+    if (!Array.isArray(m.content)) continue;
+    for (let j = 0; j < m.content.length; j++) {
+      const part = m.content[j] as unknown;
+      if (isObj(part) && part.type === 'input_audio') {
+        input ??= `messages[${i}].content[${j}]`;
+        inputParts++;
       }
     }
   }
   const output = Array.isArray(b.modalities) && b.modalities.includes('audio') ? 'modalities'
     : b.audio !== undefined && b.audio !== null ? 'audio' : null;
-  return input === null && output === null ? null : { input, output };
+  return input === null && output === null ? null : { input, output, inputParts };
 }
 
 const OUTPUT = new Set(['content', 'refusal', 'arguments', 'reasoning_content']);
@@ -67,6 +70,17 @@ const OUTPUT = new Set(['content', 'refusal', 'arguments', 'reasoning_content'])
  * output is counted in.
  */
 const AUDIO_CHARS_PER_TRANSCRIPT_CHAR = 12;
+
+/** A whole answer's spoken output, as its transcript stands for it (see above). */
+function transcriptChars(choices: unknown): number {
+  if (!Array.isArray(choices)) return 0;
+  let n = 0;
+  for (const choice of choices) {
+    const audio = isObj(choice) && isObj(choice.message) && isObj(choice.message.audio) ? choice.message.audio : null;
+    if (audio !== null && typeof audio.transcript === 'string') n += audio.transcript.length * AUDIO_CHARS_PER_TRANSCRIPT_CHAR;
+  }
+  return n;
+}
 
 /** The client asked for the usage chunk of a stream itself (else the gateway asks, and drops it). */
 const clientAskedUsage = (body: Record<string, unknown>) => isObj(body.stream_options) && body.stream_options.include_usage === true;
@@ -118,7 +132,7 @@ export const chat: WireProtocol = {
 
   usage: (json) => (isObj(json) ? chatUsage(json.usage) : null),
 
-  outputChars: (json) => (isObj(json) ? textChars(json.choices, OUTPUT) : 0),
+  outputChars: (json) => (isObj(json) ? textChars(json.choices, OUTPUT) + transcriptChars(json.choices) : 0),
 
   watch(ex) {
     const clientAsked = clientAskedUsage(ex.body);
