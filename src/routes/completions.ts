@@ -1,6 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import { BilledCall } from '../billing/call.js';
 import { readBody, type BodyResult } from '../http/body.js';
+import { bodyShapeProblem } from '../http/body-shape.js';
 import type { RequestContext } from '../http/context.js';
 import { sendError } from '../http/reply.js';
 import { costMicro, MAX_TOKENS, type Price } from '../money.js';
@@ -84,6 +85,8 @@ function afterBody(
       message: `The request body is larger than ${gw.config.server.maxBodyBytes} bytes.`,
     });
   }
+  const shape = bodyShapeProblem(result.body);
+  if (shape !== null) return sendError(ctx, res, 'invalid_request', gw.done, { message: shape, fields: { param: null } });
   const text = result.body.toString('utf8');
   let parsed: unknown;
   try {

@@ -2,6 +2,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AccountEntry, KeyEntry, ModelEntry } from '../directory.js';
 import { estimateInputTokens, MAX_DEPTH } from '../billing/estimate.js';
 import { readBody } from '../http/body.js';
+import { bodyShapeProblem } from '../http/body-shape.js';
 import type { RequestContext } from '../http/context.js';
 import { baseHeaders, sendError, sendErrorSpec } from '../http/reply.js';
 import type { AccountLimits, KeyLimits } from '../limiter/types.js';
@@ -41,6 +42,8 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         ctx.closeConnection = true;
         return sendError(ctx, res, 'payload_too_large', gw.done);
       }
+      const shape = bodyShapeProblem(result.body);
+      if (shape !== null) return sendError(ctx, res, 'invalid_request', gw.done, { message: shape, fields: { param: null } });
       let body: unknown;
       try {
         body = JSON.parse(result.body.toString('utf8'));
