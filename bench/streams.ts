@@ -2,9 +2,11 @@
  * The gateway's work per stream event, build against build: a long streamed answer (proxy.ts's
  * fake provider, 200 text deltas ten events per write) through one gateway process per build,
  * alternated, either translated (a chat call to a model on an Anthropic provider) or passed
- * through (`/v1/messages` on the same model: metering only, Claude Code's path).
+ * through (`/v1/messages` on the same model: metering only, Claude Code's path). `--path plain`
+ * drives proxy.ts's plain call instead: a whole chat answer from a billable model on an
+ * `openai` provider (the proxied chat path), build against build.
  *
- *   npm run build && node --import tsx bench/streams.ts [--gateway NAME=DIST_DIR ...] [--path chat|messages]
+ *   npm run build && node --import tsx bench/streams.ts [--gateway NAME=DIST_DIR ...] [--path chat|messages|plain]
  *     [--rounds 8] [--duration 3] [--connections 32]
  *
  * Copy a build's dist/ aside to compare it (`--gateway before=/tmp/old-dist --gateway after=dist`).
@@ -24,7 +26,7 @@ const PROXY = join(__dirname, 'proxy.ts');
 
 const FLAGS = {
   gateways: strs({ name: 'gateway', arg: 'NAME=DIST_DIR', pattern: /^[\w-]+=.+$/, help: 'a build to measure (default: gateway=dist)' }),
-  path: choice({ choices: ['chat', 'messages'], default: 'chat', help: 'chat: translated to Messages; messages: passed through' }),
+  path: choice({ choices: ['chat', 'messages', 'plain'], default: 'chat', help: 'chat: translated to Messages; messages: passed through; plain: a whole chat answer passed through' }),
   rounds: int({ default: 8, help: 'rounds per build' }),
   durationS: num({ name: 'duration', default: 3, help: 'seconds per timed run' }),
   connections: int({ default: 32, help: 'keep-alive connections' }),
@@ -49,8 +51,14 @@ async function main(): Promise<number> {
       plans: { bench: { rpm: 2_000_000, concurrency: 100_000, dailyCapUsd: 'unlimited' } },
       accounts: { acct_bench: { plan: 'bench' } },
       keys: { key_bench: { account: 'acct_bench', sha256: hash('sha256', clientKey) } },
-      models: { 'claude-bench': { provider: 'fake-anthropic', upstreamModel: 'gpt-upstream-bench', price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } } },
-      providers: { 'fake-anthropic': { protocol: 'anthropic', baseUrl: `http://127.0.0.1:${provider.port}`, apiKeyEnv: 'BENCH_PROVIDER_KEY' } },
+      models: {
+        'claude-bench': { provider: 'fake-anthropic', upstreamModel: 'gpt-upstream-bench', price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } },
+        'gpt-bench': { provider: 'fake-openai', upstreamModel: 'gpt-upstream-bench', price: { inputPerMillion: 0.15, outputPerMillion: 0.6 } },
+      },
+      providers: {
+        'fake-anthropic': { protocol: 'anthropic', baseUrl: `http://127.0.0.1:${provider.port}`, apiKeyEnv: 'BENCH_PROVIDER_KEY' },
+        'fake-openai': { protocol: 'openai', baseUrl: `http://127.0.0.1:${provider.port}/v1`, apiKeyEnv: 'BENCH_PROVIDER_KEY' },
+      },
     }));
     const gateways: Record<string, Child> = {};
     for (const [name, dist] of builds) {
@@ -62,25 +70,27 @@ async function main(): Promise<number> {
 
     const messages = [{ role: 'user', content: 'Say hello to the benchmark.' }];
     const chat = flags.path === 'chat';
-    const body = JSON.stringify(chat
+    const plain = flags.path === 'plain';
+    const body = JSON.stringify(plain ? { model: 'gpt-bench', messages } : chat
       ? { model: 'claude-bench', messages, max_tokens: LONG_MAX_TOKENS, stream: true, stream_options: { include_usage: true } }
       : { model: 'claude-bench', messages, max_tokens: LONG_MAX_TOKENS, stream: true });
-    // Every delta arrived, and the stream ended as its protocol ends.
+    // Every delta arrived, and the stream ended as its protocol ends (a whole answer: its choices).
     const check = (b: Buffer) => {
       const text = b.toString('utf8');
+      if (plain) return text.includes('"choices"');
       return chat
         ? text.split('"content":').length === LONG_DELTAS + 2 && text.endsWith('data: [DONE]\n\n')
         : text.split('"type":"text_delta"').length === LONG_DELTAS + 1 && text.endsWith('data: {"type":"message_stop"}\n\n');
     };
     const drive = (name: string, durationS: number) => closedLoop({
       port: gateways[name]!.port, durationS, connections: flags.connections, check, watch: { server: gateways[name]!.pid },
-      requests: [rawRequest('POST', gateways[name]!.port, chat ? '/v1/chat/completions' : '/v1/messages', {
+      requests: [rawRequest('POST', gateways[name]!.port, chat || plain ? '/v1/chat/completions' : '/v1/messages', {
         authorization: `Bearer ${clientKey}`, 'content-type': 'application/json',
       }, body)],
     });
 
     let bad = 0;
-    process.stdout.write(`${chat ? 'translated chat' : 'passthrough /v1/messages'}, ${LONG_DELTAS} deltas: ${names.join(', ')}; ` +
+    process.stdout.write(`${plain ? 'plain chat, passed through' : `${chat ? 'translated chat' : 'passthrough /v1/messages'}, ${LONG_DELTAS} deltas`}: ${names.join(', ')}; ` +
       `${flags.connections} connections, ${flags.rounds} rounds x ${flags.durationS} s\n`);
     const runs = await runRounds<string, RunResult>({
       targets: names, rounds: flags.rounds,
