@@ -24,8 +24,8 @@
  *                 no src answers 'restore', and the instance rebuilds the hash from the ledger, once)
  *   P{A}:r        reservations: hash ticket id -> micro-dollars (returned when a lease expires)
  *   P{A}:x        leases that ran out: hash ticket id -> 'r' (its reservation was taken back, and no
- *                 settlement has come since) or 'l' (it held none: a settlement had taken it); see
- *                 resettle. Kept a day from its first note (growth is bounded by a day's run-outs)
+ *                 settlement has come since) or 'l' (none left: a settlement took it); see resettle.
+ *                 Kept a day from its last note; emptied first when it holds 10,000 (a bound)
  *   P{A}:kwt:K, P{A}:kwn:K  per-key RPM window of key K;  P{A}:ks:K  per-key leases of key K
  *   P{A}:i:X      Idempotency-Key X in flight: string = ticket id, expires with the lease
  *   P{A}:c:E      admin credit E applied (E: its Idempotency-Key, or its entry id); expires after 8 days
@@ -80,6 +80,7 @@ local function expireLeases(s, r, x)
   if #expired == 0 then return 0 end
   redis.call('ZREMRANGEBYSCORE', s, '-inf', now)
   local back = 0
+  if redis.call('HLEN', x) > 10000 then redis.call('DEL', x) end
   for _, tid in ipairs(expired) do
     local amt = redis.call('HGET', r, tid)
     if amt then
@@ -90,7 +91,7 @@ local function expireLeases(s, r, x)
       redis.call('HSETNX', x, tid, 'l')
     end
   end
-  redis.call('PEXPIRE', x, 86400000, 'NX')
+  redis.call('PEXPIRE', x, 86400000)
   return back
 end
 `;
@@ -98,14 +99,16 @@ end
 const PRELUDE = `local now, day${HELPERS}${CLOCK}`;
 
 /**
- * Extends the leases of a live ticket. KEYS: s ks i r m x. ARGV: id lease haskey hasidem reserved.
+ * Extends the leases of a live ticket. KEYS: s ks i r m x. ARGV: id lease haskey hasidem reserved needsrc.
  * A lease that is gone while its call still runs (this instance could not reach Redis for a
  * whole lease, and another admission took the lease back, as a crashed instance's; or Redis
  * lost its data) is taken again: the slot, the reservation it still holds (ARGV[5]: 0 once its
  * settlement went out, which may have taken it) and the Idempotency-Key unless another call
  * holds it now (found in review: the running call was never counted again, so concurrency, a
  * cap or a balance could be passed by it). The instance never sends a renewal again (after a
- * NOSCRIPT, say), so none reaches Redis after its ticket's release.
+ * NOSCRIPT, say), so none reaches Redis after its ticket's release. With a shared ledger whose
+ * money Redis lost (no src), nothing is taken: a settlement sent again must find the lease gone
+ * as it is (see resettle); the account's money is read from the ledger first.
  */
 export const RENEW = `${PRELUDE}
 local id = ARGV[1]
@@ -113,9 +116,11 @@ if type(id) ~= 'string' or id == '' then return bad('id') end
 local lease = int(ARGV[2], 1, 86400000)
 local haskey, hasidem = flag(ARGV[3]), flag(ARGV[4])
 local est = int(ARGV[5], 0, SAFE)
+local needsrc = flag(ARGV[6])
 if lease == nil then return bad('lease') end
-if haskey == nil or hasidem == nil then return bad('flag') end
+if haskey == nil or hasidem == nil or needsrc == nil then return bad('flag') end
 if est == nil then return bad('est') end
+if unsourced(needsrc, KEYS[5]) then return 0 end
 if redis.call('ZADD', KEYS[1], now + lease, id) == 1 and est > 0 and redis.call('HSETNX', KEYS[4], id, est) == 1 then
   add(KEYS[5], 'resv', est)
   redis.call('HDEL', KEYS[6], id) -- reserved again: its settlement will find it
@@ -475,8 +480,13 @@ local function settle(id, a_cost, a_prepaid, a_est)
   if est == nil then return bad('est') end
   if cost > 0 and nosrc() then return {'restore'} end
   -- Its reservation gone (a lease that ran out took it back): this settlement counts it, so
-  -- one sent again must not (see resettle). Rare: no write on the common path.
-  if not giveBack(id, est) then redis.call('HDEL', X, id) end
+  -- one sent again must not, whatever else is gone by then (see resettle; found in review: the
+  -- note deleted, a resend with the lease gone too was charged again). Rare: no write on the
+  -- common path.
+  if not giveBack(id, est) then
+    redis.call('HSET', X, id, 'l')
+    redis.call('PEXPIRE', X, 86400000)
+  end
   if cost > 0 then
     if mget('day') < day then -- only forward: a clock stepped back across 00:00 must not forget the spend
       mset('day', day)

@@ -168,7 +168,7 @@ export class RedisLimiter implements Limiter {
     this.client.on('error', (err: Error) => this.warn('redis limiter store error', err));
     this.client.on('ready', () => {
       this.loadFunctions();
-      this.resendSettlements();
+      this.renewAll(); // renewals first, then the settlements owed (see renewAll)
       const unsent = this.unsent;
       this.unsent = [];
       // Past its lease a holding has freed itself: nothing is left to send for it.
@@ -589,7 +589,7 @@ export class RedisLimiter implements Limiter {
       const reserved = t.settled || t.givenBack ? '0' : String(t.reservedMicro);
       this.client.sendCommand([
         'EVALSHA', SCRIPTS.renew.sha, '6', `${a}:s`, `${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`, `${a}:r`, `${a}:m`, `${a}:x`,
-        t.id, String(this.leaseMs), t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0', reserved,
+        t.id, String(this.leaseMs), t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0', reserved, this.needsrc,
       ]).catch((err: Error) => {
         // Never sent again as EVAL: it would reach Redis after what was sent meanwhile, a
         // release of its ticket (as FCALL) included, and take the lease again (found in

@@ -270,6 +270,36 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
     }
   });
 
+  test('a settlement Redis ran after its lease had run out, whose answer was then lost: sent again at the reconnection, not counted twice (found in review: the note was deleted, and the resend, lease and reservation gone, charged again)', async () => {
+    const cutOff = new RedisLimiter({ url: relay.url, prefix: 'lapse-3:', timeoutMs: 200, leaseMs: 600 });
+    const other = new RedisLimiter({ url: server.url, prefix: 'lapse-3:', timeoutMs: 200, leaseMs: 600 });
+    const acct = account('acct_lapse_3');
+    try {
+      await Promise.all([cutOff.whenReady(3000), other.whenReady(3000)]);
+      await other.credit(acct.id, 10_000, 'c-lapse-3');
+      const t = await cutOff.admit(acct, key, null, 5_000);
+      assert.ok(t.ok);
+      relay.away = true;
+      try {
+        await until(async () => (await other.snapshot(acct)).inFlight === 0, 5000, 'the lease taken back, with its reservation');
+      } finally {
+        relay.away = false;
+      }
+      await until(() => cutOff.ready(), 5000, 'back');
+      relay.cut = 'answer'; // applied, its answer lost with the connection
+      await assert.rejects(cutOff.settle(t, COST), /limiter/);
+      await until(() => cutOff.ready(), 5000, 'back again: the settlement is sent again');
+      cutOff.release(t);
+      await until(async () => (await other.snapshot(acct)).inFlight === 0, 5000, 'released');
+      await new Promise((r) => setTimeout(r, 700)); // renewals and resends: a second count would show
+      const s = await other.snapshot(acct);
+      assert.deepEqual([s.spentTodayMicro, s.balanceMicro, s.reservedMicro], [COST, 10_000 - COST, 0]);
+    } finally {
+      await cutOff.close();
+      await other.close();
+    }
+  });
+
   test('a settlement still out when the limiter closes: close waits for it, then sends the release that waited (found in review: the slot was left to its lease)', async () => {
     const closing = new RedisLimiter({ url: server.url, prefix: 'lost:', timeoutMs: 1000, leaseMs: 60_000 });
     await closing.whenReady(3000);
