@@ -1,4 +1,4 @@
-import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, rmdirSync, statSync, unlinkSync, utimes, writeSync } from 'node:fs';
+import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, readlinkSync, rmdirSync, statSync, unlinkSync, utimes, writeSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 
@@ -18,6 +18,8 @@ interface Holder {
   token: string;
   /** When its process started, in clock ticks since boot (Linux), if known. */
   since?: string;
+  /** Its pid namespace (Linux), if known: its pid means nothing in another one. */
+  pidns?: string;
 }
 
 /** Directories this process holds (a second FileLedger on one of them in the same process is refused too). */
@@ -66,7 +68,10 @@ export class DirLock {
         const fd = openSync(path, 'wx');
         try {
           const since = processStart(process.pid);
-          writeSync(fd, JSON.stringify({ pid: process.pid, host: hostname(), token, started: new Date().toISOString(), ...(since !== null ? { since } : {}) }));
+          const pidns = pidNamespace();
+          writeSync(fd, JSON.stringify({
+            pid: process.pid, host: hostname(), token, started: new Date().toISOString(), ...(since !== null ? { since } : {}), ...(pidns !== null ? { pidns } : {}),
+          }));
           fsyncSync(fd);
         } finally {
           closeSync(fd);
@@ -152,18 +157,21 @@ function stale(path: string, holder: Holder | null, staleMs: number): boolean {
   } catch {
     return true; // gone already
   }
-  if (holder !== null && holder.host === hostname() && holder.pid !== process.pid) {
+  // Its pid is judged on this host, in this pid namespace (found in review: a holder in another
+  // container with the same hostname, whose pid does not run here, was taken over at once).
+  if (holder !== null && holder.host === hostname() && holder.pid !== process.pid && (holder.pidns === undefined || holder.pidns === pidNamespace())) {
+    let alive = true;
     try {
       process.kill(holder.pid, 0);
-      // Alive, unless the pid now names another process, one that started at another time
-      // (found in review: after a restart that reused the holder's pid, the lock was never
-      // taken over and every start failed), and the heartbeat stopped too: a holder in another
-      // pid namespace with the same hostname (found in review of that fix) beats.
-      const since = typeof holder.since === 'string' ? processStart(holder.pid) : null;
-      return since !== null && since !== holder.since && age > staleMs;
     } catch (err) {
-      return (err as NodeJS.ErrnoException).code !== 'EPERM'; // EPERM: alive, another user's
+      alive = (err as NodeJS.ErrnoException).code === 'EPERM'; // EPERM: running, another user's
     }
+    if (!alive) return true;
+    // Alive, unless the pid now names another process, one that started at another time
+    // (found in review: after a restart that reused the holder's pid, the lock was never taken
+    // over and every start failed), and the heartbeat stopped too.
+    const since = typeof holder.since === 'string' ? processStart(holder.pid) : null;
+    return since !== null && since !== holder.since && age > staleMs;
   }
   // Another host's, or a holder with this very pid (two containers are both pid 1): its heartbeat says.
   return age > staleMs;
@@ -179,6 +187,15 @@ function processStart(pid: number): string | null {
     // The fields after the command's closing parenthesis start with field 3.
     const start = stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19];
     return start !== undefined && /^\d+$/.test(start) ? start : null;
+  } catch {
+    return null;
+  }
+}
+
+/** This process's pid namespace ('pid:[N]', Linux), or null where it cannot be read. */
+function pidNamespace(): string | null {
+  try {
+    return readlinkSync('/proc/self/ns/pid');
   } catch {
     return null;
   }

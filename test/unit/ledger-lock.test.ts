@@ -46,6 +46,23 @@ describe('the ledger directory lock', () => {
     lock.release();
   });
 
+  test('a lock from another pid namespace with this hostname (a container on the host\'s network, a shared volume) is judged by its heartbeat, not by a pid that means nothing here (found in review: taken over at once)', () => {
+    const dir = tmp();
+    const path = join(dir, '.lock');
+    writeFileSync(path, JSON.stringify({ pid: deadPid(), host: hostname(), token: 'elsewhere', pidns: 'pid:[1]' }));
+    assert.throws(() => DirLock.acquire(dir, { staleMs: 60_000 }), LedgerLockedError, 'its heartbeat runs');
+    const old = new Date(Date.now() - 120_000);
+    utimesSync(path, old, old);
+    DirLock.acquire(dir, { staleMs: 60_000 }).release();
+    // Written by this namespace: a pid that does not run is gone, at once (a restart on the same host).
+    const lock = DirLock.acquire(dir);
+    const written = JSON.parse(readFileSync(path, 'utf8')) as { pidns?: string };
+    lock.release();
+    assert.match(written.pidns ?? '', /^pid:\[\d+\]$/);
+    writeFileSync(path, JSON.stringify({ pid: deadPid(), host: hostname(), token: 'gone', pidns: written.pidns }));
+    DirLock.acquire(dir).release();
+  });
+
   test('another host\'s lock (a shared volume) is stale once its heartbeat stops, not before', () => {
     const dir = tmp();
     const path = join(dir, '.lock');
