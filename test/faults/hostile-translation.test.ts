@@ -51,8 +51,8 @@ describe('fault: hostile requests to a translated model', () => {
     assert.equal((await fetch(`${gw.url}/healthz`)).status, 200);
   });
 
-  test('90,000 distinct hosted tool types: eight are named, the rest are "tools.other" (found in review: each was named, checked against the others, quadratic, into a header of megabytes); 200,000 are refused unparsed', async () => {
-    const tools = Array.from({ length: 90_000 }, (_, i) => ({ type: `t${i}` }));
+  test('40,000 distinct hosted tool types: eight are named, the rest are "tools.other" (found in review: each was named, checked against the others, quadratic, into a header of megabytes); 200,000 are refused unparsed', async () => {
+    const tools = Array.from({ length: 40_000 }, (_, i) => ({ type: `t${i}` }));
     const many = await call('/v1/responses', { input: 'hi', tools: Array.from({ length: 200_000 }, (_, i) => ({ type: `t${i}` })) });
     assert.equal(many.status, 400, 'more objects than any real body (src/http/body-shape.ts)');
     await many.text();
@@ -79,9 +79,9 @@ describe('fault: hostile requests to a translated model', () => {
     }), 'messages[1].tool_calls[0].function.arguments');
   });
 
-  test('a turn of 45,000 parts after another of the same role is merged, not a 500; one of 130,000 (past what a spread takes) is refused unparsed', async () => {
+  test('a turn of 20,000 parts after another of the same role is merged, not a 500; one of 130,000 (past what a spread takes) is refused unparsed', async () => {
     const turn = (n: number) => ({ messages: [{ role: 'user', content: 'x' }, { role: 'user', content: Array.from({ length: n }, () => ({ type: 'text', text: 'a' })) }] });
-    const res = await call('/v1/chat/completions', turn(45_000));
+    const res = await call('/v1/chat/completions', turn(20_000));
     assert.equal(res.status, 200);
     await res.text();
     const many = await call('/v1/chat/completions', turn(130_000));

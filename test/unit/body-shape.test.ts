@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { estimateInputTokens } from '../../src/billing/estimate.js';
-import { bodyShapeProblem, MAX_CONTAINERS, MAX_KEYS } from '../../src/http/body-shape.js';
+import { bodyShapeProblem, MAX_CONTAINERS, MAX_KEYS, MAX_VALUES } from '../../src/http/body-shape.js';
 
 /**
  * Found in review: JSON.parse of 4 MB of nested brackets took over half a second, before any
@@ -22,7 +22,10 @@ test('a large body of many small arrays or objects, or of many keys, or too deep
   assert.match(refused.problem ?? '', /more than 100000 objects and arrays/);
   assert.ok(refused.ms < 100, `${refused.ms.toFixed(1)} ms for ${arrays.length} bytes`);
   const keys = `{"model":"m","x":{${Array.from({ length: MAX_KEYS + 1 }, (_, i) => `"k${i}":0`).join(',')}}}`;
-  assert.match(timed(keys).problem ?? '', /more than 100000 keys/);
+  assert.match(timed(keys).problem ?? '', /more than 50000 keys/);
+  const numbers = `{"model":"m","input":[${Array.from({ length: MAX_VALUES + 2 }, () => '7').join(',')}]}`;
+  assert.match(timed(numbers).problem ?? '', /more than 500000 values/);
+  assert.equal(timed(`{"model":"m","input":[${Array.from({ length: 300_000 }, () => '7').join(',')}]}`).problem, null, 'an embeddings request of 300,000 token ids passes');
   // As the estimate counts it (which refuses the same bodies once parsed): the body itself, then 127 levels in it.
   const nested = (levels: number) => ({ model: 'm', x: JSON.parse(`${'['.repeat(levels)}${']'.repeat(levels)}`) as unknown, pad: 'p'.repeat(70_000) });
   assert.match(timed(JSON.stringify(nested(128))).problem ?? '', /deeper than 128/);

@@ -61,8 +61,8 @@ test('the splice declines what it must not rewrite in place', () => {
     ['{"messages":[],"model":"a","input":"x","messages":[1]}', null],
     [`{${Array.from({ length: 63 }, (_, i) => `"k${i}":0,`).join('')}"model":"a"}`, `{${Array.from({ length: 63 }, (_, i) => `"k${i}":0,`).join('')}"model":"B"}`],
     [`{${Array.from({ length: 65 }, (_, i) => `"k${i}":0,`).join('')}"model":"a"}`, null], // more keys than a real body: serialised instead
-    [`{"${'k'.repeat(256)}":0,"model":"a"}`, `{"${'k'.repeat(256)}":0,"model":"B"}`],
-    [`{"${'k'.repeat(257)}":0,"model":"a"}`, null], // a longer key than a real body's: serialised instead
+    [`{"${'k'.repeat(64)}":0,"model":"a"}`, `{"${'k'.repeat(64)}":0,"model":"B"}`],
+    [`{"${'k'.repeat(65)}":0,"model":"a"}`, null], // a longer key than a real body's: serialised instead
     ['{"input":"x"}', null],
     ['{}', null],
     ['[{"model":"a"}]', null],
