@@ -20,6 +20,8 @@ interface Holder {
   since?: string;
   /** Its pid namespace (Linux), if known: its pid means nothing in another one. */
   pidns?: string;
+  /** Its machine's boot id (Linux), if known: one hostname may name two machines. */
+  boot?: string;
 }
 
 /** Directories this process holds (a second FileLedger on one of them in the same process is refused too). */
@@ -69,8 +71,10 @@ export class DirLock {
         try {
           const since = processStart(process.pid);
           const pidns = pidNamespace();
+          const boot = bootId();
           writeSync(fd, JSON.stringify({
             pid: process.pid, host: hostname(), token, started: new Date().toISOString(), ...(since !== null ? { since } : {}), ...(pidns !== null ? { pidns } : {}),
+            ...(boot !== null ? { boot } : {}),
           }));
           fsyncSync(fd);
         } finally {
@@ -157,9 +161,11 @@ function stale(path: string, holder: Holder | null, staleMs: number): boolean {
   } catch {
     return true; // gone already
   }
-  // Its pid is judged on this host, in this pid namespace (found in review: a holder in another
-  // container with the same hostname, whose pid does not run here, was taken over at once).
-  if (holder !== null && holder.host === hostname() && holder.pid !== process.pid && (holder.pidns === undefined || holder.pidns === pidNamespace())) {
+  // Its pid is judged on this machine (boot id), in this pid namespace (found in review: a holder
+  // in another container, or on another machine, with the same hostname, whose pid does not run
+  // here, was taken over at once).
+  if (holder !== null && holder.host === hostname() && holder.pid !== process.pid && (holder.pidns === undefined || holder.pidns === pidNamespace()) &&
+    (holder.boot === undefined || holder.boot === bootId())) {
     let alive = true;
     try {
       process.kill(holder.pid, 0);
@@ -196,6 +202,15 @@ function processStart(pid: number): string | null {
 function pidNamespace(): string | null {
   try {
     return readlinkSync('/proc/self/ns/pid');
+  } catch {
+    return null;
+  }
+}
+
+/** This machine's boot id (Linux: changes at every boot), or null where it cannot be read. */
+function bootId(): string | null {
+  try {
+    return readFileSync('/proc/sys/kernel/random/boot_id', 'utf8').trim();
   } catch {
     return null;
   }

@@ -23,9 +23,11 @@
  *                 src (1 once the money was read from a shared ledger: with one, a script that finds
  *                 no src answers 'restore', and the instance rebuilds the hash from the ledger, once)
  *   P{A}:r        reservations: hash ticket id -> micro-dollars (returned when a lease expires)
- *   P{A}:x        leases that ran out: hash ticket id -> 'r' (its reservation was taken back, and no
- *                 settlement has come since) or 'l' (none left: a settlement took it); see resettle.
- *                 Kept a day from its last note; emptied first when it holds 10,000 (a bound)
+ *   P{A}:x:T      ticket T's lease ran out: 'r' (its reservation was taken back, and no settlement
+ *                 has come since) or 'l' (none left: a settlement took it); see resettle. Each note
+ *                 expires after a day. (Named from the x key a script is given: the same hash tag,
+ *                 so the same Cluster slot; found in review, one hash of notes either grew for
+ *                 ever or, bounded, lost the notes that mattered)
  *   P{A}:kwt:K, P{A}:kwn:K  per-key RPM window of key K;  P{A}:ks:K  per-key leases of key K
  *   P{A}:i:X      Idempotency-Key X in flight: string = ticket id, expires with the lease
  *   P{A}:c:E      admin credit E applied (E: its Idempotency-Key, or its entry id); expires after 8 days
@@ -80,18 +82,16 @@ local function expireLeases(s, r, x)
   if #expired == 0 then return 0 end
   redis.call('ZREMRANGEBYSCORE', s, '-inf', now)
   local back = 0
-  if redis.call('HLEN', x) > 10000 then redis.call('DEL', x) end
   for _, tid in ipairs(expired) do
     local amt = redis.call('HGET', r, tid)
     if amt then
       redis.call('HDEL', r, tid)
       back = back + num(amt)
-      redis.call('HSET', x, tid, 'r')
+      redis.call('SET', x .. ':' .. tid, 'r', 'PX', 86400000)
     else
-      redis.call('HSETNX', x, tid, 'l')
+      redis.call('SET', x .. ':' .. tid, 'l', 'PX', 86400000, 'NX')
     end
   end
-  redis.call('PEXPIRE', x, 86400000)
   return back
 end
 `;
@@ -107,8 +107,9 @@ const PRELUDE = `local now, day${HELPERS}${CLOCK}`;
  * holds it now (found in review: the running call was never counted again, so concurrency, a
  * cap or a balance could be passed by it). The instance never sends a renewal again (after a
  * NOSCRIPT, say), so none reaches Redis after its ticket's release. With a shared ledger whose
- * money Redis lost (no src), nothing is taken: a settlement sent again must find the lease gone
- * as it is (see resettle); the account's money is read from the ledger first.
+ * money Redis lost (no src), nothing is taken and 'restore' answered: the instance reads the
+ * account's money from the ledger and renews again, except a call whose settlement went out
+ * (a settlement sent again must find the lease gone as it is: see resettle).
  */
 export const RENEW = `${PRELUDE}
 local id = ARGV[1]
@@ -120,10 +121,10 @@ local needsrc = flag(ARGV[6])
 if lease == nil then return bad('lease') end
 if haskey == nil or hasidem == nil or needsrc == nil then return bad('flag') end
 if est == nil then return bad('est') end
-if unsourced(needsrc, KEYS[5]) then return 0 end
+if unsourced(needsrc, KEYS[5]) then return 'restore' end
 if redis.call('ZADD', KEYS[1], now + lease, id) == 1 and est > 0 and redis.call('HSETNX', KEYS[4], id, est) == 1 then
   add(KEYS[5], 'resv', est)
-  redis.call('HDEL', KEYS[6], id) -- reserved again: its settlement will find it
+  redis.call('DEL', KEYS[6] .. ':' .. id) -- reserved again: its settlement will find it
 end
 if haskey then
   redis.call('ZADD', KEYS[2], now + lease, id)
@@ -484,8 +485,7 @@ local function settle(id, a_cost, a_prepaid, a_est)
   -- note deleted, a resend with the lease gone too was charged again). Rare: no write on the
   -- common path.
   if not giveBack(id, est) then
-    redis.call('HSET', X, id, 'l')
-    redis.call('PEXPIRE', X, 86400000)
+    redis.call('SET', X .. ':' .. id, 'l', 'PX', 86400000)
   end
   if cost > 0 then
     if mget('day') < day then -- only forward: a clock stepped back across 00:00 must not forget the spend
@@ -517,7 +517,7 @@ local function resettle(id, a_cost, a_prepaid, a_est)
   if est == nil then return bad('est') end
   if nosrc() then return {'restore'} end
   if est > 0 and reserved[id] == nil and redis.call('HEXISTS', R, id) == 0 then
-    local note = redis.call('HGET', X, id)
+    local note = redis.call('GET', X .. ':' .. id)
     if note == 'l' or (note ~= 'r' and (needsrc or redis.call('ZSCORE', S, id))) then return mget('bal') end
   end
   if est == 0 and needsrc and not pending(S, id) and not redis.call('ZSCORE', S, id) then return mget('bal') end
@@ -531,7 +531,7 @@ local function release(ks, ik, haskey, hasidem, id, a_est)
   -- The reservation first: should a later command fail, the lease still runs out by itself.
   giveBack(id, est)
   -- A lease that ran out: its note goes too (rare: no write on the common path).
-  if zrem(S, id) == 0 then redis.call('HDEL', X, id) end
+  if zrem(S, id) == 0 then redis.call('DEL', X .. ':' .. id) end
   if haskey then zrem(ks, id) end
   if hasidem and redis.call('GET', ik) == id then redis.call('DEL', ik) end
   return 1

@@ -583,21 +583,28 @@ export class RedisLimiter implements Limiter {
     if (!this.client.isReady) return;
     // Renewals first: a lease that ran out is taken again before a settlement sent again
     // asks whether it is held.
-    for (const t of this.live) {
-      const a = this.tag(t.accountId);
-      // What it still holds reserved: nothing once a settlement was sent (it may have taken it).
-      const reserved = t.settled || t.givenBack ? '0' : String(t.reservedMicro);
-      this.client.sendCommand([
-        'EVALSHA', SCRIPTS.renew.sha, '6', `${a}:s`, `${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`, `${a}:r`, `${a}:m`, `${a}:x`,
-        t.id, String(this.leaseMs), t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0', reserved, this.needsrc,
-      ]).catch((err: Error) => {
-        // Never sent again as EVAL: it would reach Redis after what was sent meanwhile, a
-        // release of its ticket (as FCALL) included, and take the lease again (found in
-        // review). The script is loaded for the next renewal, a third of a lease later.
-        if (String(err.message).startsWith('NOSCRIPT')) this.client.sendCommand(['SCRIPT', 'LOAD', SCRIPTS.renew.source]).catch(ignore);
-      });
-    }
+    for (const t of this.live) this.renew(t);
     this.resendSettlements();
+  }
+
+  private renew(t: RedisTicket): void {
+    const a = this.tag(t.accountId);
+    // What it still holds reserved: nothing once a settlement was sent (it may have taken it).
+    const reserved = t.settled || t.givenBack ? '0' : String(t.reservedMicro);
+    this.client.sendCommand([
+      'EVALSHA', SCRIPTS.renew.sha, '6', `${a}:s`, `${a}:ks:${t.keyId ?? ''}`, `${a}:i:${t.idempotencyKey ?? ''}`, `${a}:r`, `${a}:m`, `${a}:x`,
+      t.id, String(this.leaseMs), t.keyId !== null ? '1' : '0', t.idempotencyKey !== null ? '1' : '0', reserved, this.needsrc,
+    ]).then((reply) => {
+      // Redis lost the account's money (shared ledger): read it back, then renew again, so the
+      // call counts again at once (found in review: until a billable call read it back, which a
+      // free model's calls never do, its slot and key were free to others).
+      if (isRestore(reply) && !t.settled) this.restoreMoney(t.accountId).then(() => { if (this.live.has(t)) this.renew(t); }, ignore);
+    }, (err: Error) => {
+      // Never sent again as EVAL: it would reach Redis after what was sent meanwhile, a
+      // release of its ticket (as FCALL) included, and take the lease again (found in
+      // review). The script is loaded for the next renewal, a third of a lease later.
+      if (String(err.message).startsWith('NOSCRIPT')) this.client.sendCommand(['SCRIPT', 'LOAD', SCRIPTS.renew.source]).catch(ignore);
+    });
   }
 }
 

@@ -99,3 +99,25 @@ test('a renewal answered NOSCRIPT is not sent again: it could reach Redis after 
   assert.ok(again.ok, 'the slot and the key are free');
   b.release(again);
 });
+
+test('with a shared ledger, after Redis lost its data, a renewal reads the account\'s money back and takes its running call again, though nothing billable comes (found in review: its slot and key stayed free to others)', { skip: hasRedis ? false : 'redis-server is not installed' }, async () => {
+  const money = async () => ({ balanceMicro: 0, day: Math.floor(Date.now() / 86_400_000), spentMicro: 0, credited: true, creditIds: [] });
+  const shared = new RedisLimiter({ url: server.url, prefix: 'lapse-pg:', timeoutMs: 200, leaseMs: 300, money });
+  const client = createClient({ url: server.url });
+  await client.connect();
+  try {
+    await shared.whenReady(3000);
+    const account: AccountLimits = { id: 'acct_free', rpm: null, concurrency: 1, dailyCapMicro: null, prepaid: false };
+    const t = await shared.admit(account, { id: 'k', rpm: null, concurrency: null }, 'idem-free', null);
+    assert.ok(t.ok);
+    const id = (t as unknown as { id: string }).id;
+    await client.flushAll(); // Redis loses its data
+    const p = 'lapse-pg:{acct_free}';
+    await until(async () => (await client.zCard(`${p}:s`)) === 1 && (await client.get(`${p}:i:idem-free`)) === id, 5000, 'the call taken again, its key with it');
+    assert.equal(await client.hGet(`${p}:m`, 'src'), '1', 'the money read back from the ledger');
+    shared.release(t);
+  } finally {
+    await client.quit();
+    await shared.close();
+  }
+});

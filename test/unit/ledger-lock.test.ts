@@ -61,6 +61,11 @@ describe('the ledger directory lock', () => {
     assert.match(written.pidns ?? '', /^pid:\[\d+\]$/);
     writeFileSync(path, JSON.stringify({ pid: deadPid(), host: hostname(), token: 'gone', pidns: written.pidns }));
     DirLock.acquire(dir).release();
+    // Another machine with the same hostname (its boot id differs): its heartbeat says.
+    writeFileSync(path, JSON.stringify({ pid: deadPid(), host: hostname(), token: 'twin', pidns: written.pidns, boot: 'another-machine' }));
+    assert.throws(() => DirLock.acquire(dir, { staleMs: 60_000 }), LedgerLockedError);
+    utimesSync(path, old, old);
+    DirLock.acquire(dir, { staleMs: 60_000 }).release();
   });
 
   test('another host\'s lock (a shared volume) is stale once its heartbeat stops, not before', () => {
