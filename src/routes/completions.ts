@@ -52,16 +52,20 @@ function checkOutputLimits(call: CallRequest, outputTokenLimit: number): { messa
 }
 
 /**
- * What a call reserves: its input estimate and output budget, its web searches, and, when it
- * asks for audio, its audio parts' figures at the audio input price and all of its output at
- * the audio output price.
+ * What a billable call reserves: its input estimate and output budget, its web searches, and,
+ * when it asks for audio, its audio parts' figures at the audio input price and all of its
+ * output at the audio output price.
  */
 function reservation(call: CallRequest, price: Price, inputTokens: number, outputTokens: number): number {
   const audio = call.audio;
-  return costMicro(price, {
+  const cost = costMicro(price, {
     inputTokens, outputTokens, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: searchesAllowed(call.body),
     audioInputTokens: audio?.input != null ? audioInputEstimate(audio, inputTokens) : 0, audioOutputTokens: audio?.output != null ? outputTokens : 0,
   });
+  // At least a micro-dollar: a Redis settlement sent again knows it was applied by its
+  // reservation being gone, and a billable call that reserved nothing (a model priced for cache
+  // reads or searches only) was charged twice when its first answer was lost (found in review).
+  return cost > 0 ? cost : 1;
 }
 
 /** The field asking for audio the model's prices cannot price (OpenAI bills it far above text), or null. */
