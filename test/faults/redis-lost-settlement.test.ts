@@ -156,92 +156,84 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
     }
   });
 
+  /**
+   * An instance that reaches Redis through the relay (cut off while it is away) and another that
+   * reaches it directly, both with leases of 600 ms; both closed after `run`.
+   */
+  async function twoInstances(prefix: string, run: (cutOff: RedisLimiter, other: RedisLimiter) => Promise<void>, money?: () => Promise<LedgerMoney>): Promise<void> {
+    const options = { prefix, timeoutMs: 200, leaseMs: 600, ...(money === undefined ? {} : { money }) };
+    const cutOff = new RedisLimiter({ url: relay.url, ...options });
+    const other = new RedisLimiter({ url: server.url, ...options });
+    try {
+      await Promise.all([cutOff.whenReady(3000), other.whenReady(3000)]);
+      await run(cutOff, other);
+    } finally {
+      await cutOff.close();
+      await other.close();
+    }
+  }
+
+  /** Keeps the relay away until `other` has taken the account's lease back (it ran out); `meanwhile` runs first. */
+  async function cutOffUntilTakenBack(other: RedisLimiter, acct: AccountLimits, what: string, meanwhile = async () => {}): Promise<void> {
+    relay.away = true;
+    try {
+      await meanwhile();
+      await until(async () => (await other.snapshot(acct)).inFlight === 0, 5000, what);
+    } finally {
+      relay.away = false;
+    }
+  }
+
+  /** Spent and taken from the balance once, nothing left reserved (after renewals and resends had time to count it again). */
+  async function countedOnce(other: RedisLimiter, acct: AccountLimits): Promise<void> {
+    await new Promise((r) => setTimeout(r, 700));
+    const s = await other.snapshot(acct);
+    assert.deepEqual([s.spentTodayMicro, s.balanceMicro, s.reservedMicro], [COST, 10_000 - COST, 0]);
+  }
+
   test('with a shared ledger, a settlement lost while its instance was cut off for longer than a lease (another admission took the lease back, with its reservation; Redis kept its data): sent again, counted once (found in review: taken as applied, never counted in Redis\'s money)', async () => {
     let spent = 0;
     const money = async (): Promise<LedgerMoney> => ({ balanceMicro: 10_000 - spent, day: Math.floor(Date.now() / 86_400_000), spentMicro: spent, credited: true, creditIds: [] });
-    const cutOff = new RedisLimiter({ url: relay.url, prefix: 'lapse-pg:', timeoutMs: 200, leaseMs: 600, money });
-    const other = new RedisLimiter({ url: server.url, prefix: 'lapse-pg:', timeoutMs: 200, leaseMs: 600, money });
-    try {
-      await Promise.all([cutOff.whenReady(3000), other.whenReady(3000)]);
+    await twoInstances('lapse-pg:', async (cutOff, other) => {
       const acct = account('acct_lapse');
       const t = await cutOff.admit(acct, key, null, 5_000);
       assert.ok(t.ok);
-      relay.away = true;
-      try {
+      await cutOffUntilTakenBack(other, acct, 'the lease taken back, with its reservation', async () => {
         await until(() => !cutOff.ready(), 3000, 'the instance cut off');
         await assert.rejects(cutOff.settle(t, COST), /limiter/);
         spent = COST; // recorded in the shared ledger meanwhile
-        // The lease runs out; the other instance takes it back with its reservation.
-        await until(async () => (await other.snapshot(acct)).inFlight === 0, 5000, 'the lease taken back');
-        assert.equal((await other.snapshot(acct)).reservedMicro, 0);
-      } finally {
-        relay.away = false;
-      }
+      });
       cutOff.release(t);
       await until(async () => {
         const s = await other.snapshot(acct);
         return s.spentTodayMicro === COST && s.inFlight === 0;
       }, 5000, 'the settlement sent again and counted');
-      await new Promise((r) => setTimeout(r, 700)); // more renewals: a second count would show
-      const s = await other.snapshot(acct);
-      assert.equal(s.spentTodayMicro, COST, 'spent once');
-      assert.equal(s.balanceMicro, 10_000 - COST, 'taken from the balance once');
-      assert.equal(s.reservedMicro, 0);
-    } finally {
-      await cutOff.close();
-      await other.close();
-    }
+      await countedOnce(other, acct);
+    }, money);
   });
 
   test('without a shared ledger, a settlement Redis ran whose answer was lost, its instance then cut off past its lease: sent again, not counted twice (found in review: the lease gone, it was charged again)', async () => {
-    const cutOff = new RedisLimiter({ url: relay.url, prefix: 'lapse-nl:', timeoutMs: 200, leaseMs: 600 });
-    const other = new RedisLimiter({ url: server.url, prefix: 'lapse-nl:', timeoutMs: 200, leaseMs: 600 });
-    try {
-      await Promise.all([cutOff.whenReady(3000), other.whenReady(3000)]);
+    await twoInstances('lapse-nl:', async (cutOff, other) => {
       const acct = account('acct_lapse_nl');
       await other.credit(acct.id, 10_000, 'c-lapse-nl');
       const t = await cutOff.admit(acct, key, null, 5_000);
       assert.ok(t.ok);
       relay.cut = 'answer'; // Redis applies the settlement; its answer is lost with the connection
       await assert.rejects(cutOff.settle(t, COST), /limiter/);
-      relay.away = true;
-      try {
-        // The lease runs out; the other instance takes it back (its reservation was already taken).
-        await until(async () => (await other.snapshot(acct)).inFlight === 0, 5000, 'the lease taken back');
-      } finally {
-        relay.away = false;
-      }
+      await cutOffUntilTakenBack(other, acct, 'the lease taken back (its reservation already taken)');
       cutOff.release(t);
       await until(async () => cutOff.ready() && (await other.snapshot(acct)).inFlight === 0, 5000, 'back, and released');
-      await new Promise((r) => setTimeout(r, 700)); // renewals and resends: a second count would show
-      const s = await other.snapshot(acct);
-      assert.equal(s.spentTodayMicro, COST, 'spent once');
-      assert.equal(s.balanceMicro, 10_000 - COST, 'taken from the balance once');
-      assert.equal(s.reservedMicro, 0);
-    } finally {
-      await cutOff.close();
-      await other.close();
-    }
+      await countedOnce(other, acct);
+    });
   });
 
   test('a lease that runs out twice before its lost settlement is sent again keeps its note: the settlement counts once (found in review: the second run-out took the note for a settled call)', async () => {
-    const cutOff = new RedisLimiter({ url: relay.url, prefix: 'lapse-2:', timeoutMs: 200, leaseMs: 600 });
-    const other = new RedisLimiter({ url: server.url, prefix: 'lapse-2:', timeoutMs: 200, leaseMs: 600 });
-    const away = async (what: string) => {
-      relay.away = true;
-      try {
-        await until(async () => (await other.snapshot(acct)).inFlight === 0, 5000, what);
-      } finally {
-        relay.away = false;
-      }
-    };
-    const acct = account('acct_lapse_2');
-    try {
-      await Promise.all([cutOff.whenReady(3000), other.whenReady(3000)]);
+    await twoInstances('lapse-2:', async (cutOff, other) => {
+      const acct = account('acct_lapse_2');
       await other.credit(acct.id, 10_000, 'c-lapse-2');
       const t = await cutOff.admit(acct, key, null, 5_000);
       assert.ok(t.ok);
-      await away('the lease taken back, with its reservation');
+      await cutOffUntilTakenBack(other, acct, 'the lease taken back, with its reservation');
       await until(() => cutOff.ready(), 5000, 'back');
       // Its settlement never reaches Redis, and is not sent again until the lease has run out twice.
       const held = cutOff as unknown as { resendSettlements: () => void };
@@ -250,54 +242,32 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
       relay.cut = 'request';
       await assert.rejects(cutOff.settle(t, COST), /limiter/);
       await until(async () => cutOff.ready() && (await other.snapshot(acct)).inFlight === 1, 5000, 'the lease taken again by a renewal');
-      relay.away = true; // before the settlement is sent again: the lease runs out a second time
-      try {
-        await until(async () => (await other.snapshot(acct)).inFlight === 0, 5000, 'the lease taken back again');
-      } finally {
-        relay.away = false;
-      }
+      await cutOffUntilTakenBack(other, acct, 'the lease taken back again');
       held.resendSettlements = resend;
       cutOff.release(t);
       await until(async () => {
         const s = await other.snapshot(acct);
         return s.spentTodayMicro === COST && s.inFlight === 0;
       }, 5000, 'the settlement sent again and counted');
-      const s = await other.snapshot(acct);
-      assert.deepEqual([s.spentTodayMicro, s.balanceMicro, s.reservedMicro], [COST, 10_000 - COST, 0]);
-    } finally {
-      await cutOff.close();
-      await other.close();
-    }
+      await countedOnce(other, acct);
+    });
   });
 
   test('a settlement Redis ran after its lease had run out, whose answer was then lost: sent again at the reconnection, not counted twice (found in review: the note was deleted, and the resend, lease and reservation gone, charged again)', async () => {
-    const cutOff = new RedisLimiter({ url: relay.url, prefix: 'lapse-3:', timeoutMs: 200, leaseMs: 600 });
-    const other = new RedisLimiter({ url: server.url, prefix: 'lapse-3:', timeoutMs: 200, leaseMs: 600 });
-    const acct = account('acct_lapse_3');
-    try {
-      await Promise.all([cutOff.whenReady(3000), other.whenReady(3000)]);
+    await twoInstances('lapse-3:', async (cutOff, other) => {
+      const acct = account('acct_lapse_3');
       await other.credit(acct.id, 10_000, 'c-lapse-3');
       const t = await cutOff.admit(acct, key, null, 5_000);
       assert.ok(t.ok);
-      relay.away = true;
-      try {
-        await until(async () => (await other.snapshot(acct)).inFlight === 0, 5000, 'the lease taken back, with its reservation');
-      } finally {
-        relay.away = false;
-      }
+      await cutOffUntilTakenBack(other, acct, 'the lease taken back, with its reservation');
       await until(() => cutOff.ready(), 5000, 'back');
       relay.cut = 'answer'; // applied, its answer lost with the connection
       await assert.rejects(cutOff.settle(t, COST), /limiter/);
       await until(() => cutOff.ready(), 5000, 'back again: the settlement is sent again');
       cutOff.release(t);
       await until(async () => (await other.snapshot(acct)).inFlight === 0, 5000, 'released');
-      await new Promise((r) => setTimeout(r, 700)); // renewals and resends: a second count would show
-      const s = await other.snapshot(acct);
-      assert.deepEqual([s.spentTodayMicro, s.balanceMicro, s.reservedMicro], [COST, 10_000 - COST, 0]);
-    } finally {
-      await cutOff.close();
-      await other.close();
-    }
+      await countedOnce(other, acct);
+    });
   });
 
   test('a settlement still out when the limiter closes: close waits for it, then sends the release that waited (found in review: the slot was left to its lease)', async () => {
