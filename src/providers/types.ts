@@ -80,7 +80,8 @@ export interface Exchange {
   /**
    * Reports a failed attempt (metrics; routing fails over on some): 'connection', 'timeout',
    * '408', '429', '503', '529', '4xx', '5xx', 'garbage', 'cut', 'body_timeout' (an answer not
-   * whole in time); with the provider's Retry-After.
+   * whole in time), 'queued' (no connection to the origin came free in time: the gateway's own
+   * wait, not the provider's); with the provider's Retry-After.
    */
   upstreamFailed(kind: string, retryAfterMs?: number | null): void;
   /** A request header of the client (lowercase name). */

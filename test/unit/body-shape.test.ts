@@ -20,7 +20,7 @@ test('a large body of many small arrays or objects, or of many keys, or too deep
   const arrays = `{"model":"m","messages":[{"role":"user","content":[${Array.from({ length: 16_000 }, () => one).join(',')}]}]}`;
   const refused = timed(arrays);
   assert.match(refused.problem ?? '', /more than 100000 objects and arrays/);
-  assert.ok(refused.ms < 100, `${refused.ms.toFixed(1)} ms for ${arrays.length} bytes`);
+  assert.ok(refused.ms < 250, `${refused.ms.toFixed(1)} ms for ${arrays.length} bytes`);
   const keys = `{"model":"m","x":{${Array.from({ length: MAX_KEYS + 1 }, (_, i) => `"k${i}":0`).join(',')}}}`;
   assert.match(timed(keys).problem ?? '', /more than 50000 keys/);
   const numbers = `{"model":"m","input":[${Array.from({ length: MAX_VALUES + 2 }, () => '7').join(',')}]}`;
@@ -43,5 +43,5 @@ test('brackets, colons and escaped quotes inside strings are not structure; a sm
   const text = JSON.stringify({ model: 'm', messages: Array.from({ length: 2000 }, (_, i) => ({ role: i % 2 ? 'assistant' : 'user', content: `turn ${i} ${'lorem ipsum '.repeat(170)}` })) });
   const real = timed(text);
   assert.equal(real.problem, null);
-  assert.ok(text.length > 4_000_000 && real.ms < 50, `${real.ms.toFixed(1)} ms for ${text.length} bytes`);
+  assert.ok(text.length > 4_000_000 && real.ms < 250, `${real.ms.toFixed(1)} ms for ${text.length} bytes`);
 });
