@@ -66,6 +66,8 @@ export class BilledCall implements Exchange {
   private readonly choices: number;
   /** Where the request asked for audio (chat), or null: an estimate then prices it as audio. */
   private readonly audio: AudioAsked | null;
+  /** Searches billed for the call whatever its answer says (CallRequest.searchesPerCall). */
+  private readonly searchesPerCall: number;
   /** Usage the provider reported before its final count, if any. */
   private reported: Usage | null = null;
   /** Whether the provider has the whole request (and did not refuse it). */
@@ -99,6 +101,7 @@ export class BilledCall implements Exchange {
     this.stream = call.stream;
     this.choices = call.choices;
     this.audio = call.audio ?? null;
+    this.searchesPerCall = call.searchesPerCall ?? 0;
     this.requestId = ctx.id;
     this.maxAttempts = gw.config.routing.maxAttempts;
     gw.inFlight++;
@@ -292,6 +295,8 @@ export class BilledCall implements Exchange {
   /** Settles the ticket and records the call; a promise resolves when the record is durable. */
   private charge(usage: Usage, estimated: boolean): void | Promise<void> {
     this.settled = true;
+    // The provider had the request (a refusal is NO_USAGE): it bills the call's searches.
+    if (this.searchesPerCall > (usage.webSearches ?? 0) && usage !== NO_USAGE) usage = { ...usage, webSearches: this.searchesPerCall };
     const cost = costMicro(this.model.price, usage);
     const gw = this.gw;
     const settlement = gw.limiter.settle(this.ticket, cost);

@@ -64,6 +64,22 @@ export function partsText(content: unknown): string {
 
 export const bad = (param: string, message: string): Checked => ({ ok: false, param, message });
 
+/**
+ * The first of a request's `tools` the provider bills at prices a model's config has no place
+ * for (hosted tools billed by the call or the session), named for a 400; null when none is.
+ */
+export function unpricedTool(body: Record<string, unknown>, unpriced: (type: string) => boolean): { message: string; param: string } | null {
+  const tools = body.tools;
+  if (!Array.isArray(tools)) return null;
+  for (let i = 0; i < tools.length; i++) {
+    const tool = tools[i] as unknown;
+    if (isObj(tool) && typeof tool.type === 'string' && unpriced(tool.type)) {
+      return { param: `tools[${i}]`, message: `"tools[${i}]" (${tool.type}) is billed by the provider at prices this gateway does not charge.` };
+    }
+  }
+  return null;
+}
+
 /** The checks every model call shares: a JSON object with a model, and a boolean `stream`. Null when they pass. */
 export function checkBasics(body: unknown): Checked | null {
   if (!isObj(body)) return bad('', 'The request body must be a JSON object.');

@@ -21,6 +21,12 @@ export interface CallRequest {
    * audio prices, which the model must have (Chat Completions). Absent: no audio.
    */
   audio?: AudioAsked | null;
+  /**
+   * Web searches the provider bills for the call whatever its answer says (Chat Completions'
+   * `web_search_options`: a search model bills one search a call, and its usage does not say).
+   * Absent: none.
+   */
+  searchesPerCall?: number;
 }
 
 export interface AudioAsked {

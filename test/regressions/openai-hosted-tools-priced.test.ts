@@ -9,7 +9,8 @@ import { entriesOf, postJson, startGateway, testConfig, until, type Running } fr
  * thousand), and file search, code interpreter and image generation at prices of their own;
  * the gateway charged tokens only. A response's `web_search_call` items are now charged at the
  * model's `webSearchPerThousand` (reserved up to `max_tool_calls`), and the tools it cannot
- * price are refused before admission.
+ * price are refused before admission. Then the same of Chat Completions' search models (a search
+ * a call, unsaid in their usage) and of Anthropic's code execution tool (by the container-hour).
  */
 describe('regression: OpenAI hosted tools are charged or refused', () => {
   const up = new FakeUpstream();
@@ -18,10 +19,13 @@ describe('regression: OpenAI hosted tools are charged or refused', () => {
     const base = await up.start();
     gw = await startGateway(testConfig({
       plans: { p: { rpm: 1000, concurrency: 5 } },
-      accounts: { acct_o: { plan: 'p' }, acct_pre: { plan: 'p', balanceUsd: 5 } },
-      keys: { key_o: { account: 'acct_o', key: 'sk-o' }, key_pre: { account: 'acct_pre', key: 'sk-pre' } },
-      models: { gpt: { provider: 'oai', price: { inputPerMillion: 2, outputPerMillion: 8 } } },
-      providers: { oai: { protocol: 'openai', baseUrl: base } },
+      accounts: { acct_o: { plan: 'p' }, acct_pre: { plan: 'p', balanceUsd: 5 }, acct_cent: { plan: 'p', balanceUsd: 0.005 } },
+      keys: { key_o: { account: 'acct_o', key: 'sk-o' }, key_pre: { account: 'acct_pre', key: 'sk-pre' }, key_cent: { account: 'acct_cent', key: 'sk-cent' } },
+      models: {
+        gpt: { provider: 'oai', price: { inputPerMillion: 2, outputPerMillion: 8 } },
+        claude: { provider: 'ant', price: { inputPerMillion: 3, outputPerMillion: 15 } },
+      },
+      providers: { oai: { protocol: 'openai', baseUrl: base }, ant: { protocol: 'anthropic', baseUrl: base } },
     }));
   });
   after(async () => {
@@ -123,5 +127,102 @@ describe('regression: OpenAI hosted tools are charged or refused', () => {
     const next = await postJson(`${gw.url}/v1/responses`, 'sk-pre', body(false, { tools: [] }));
     assert.equal(next.status, 200, 'admitted again once the reservation is settled');
     await next.text();
+  });
+
+  // Chat Completions' search models bill a search a call (their usage does not say): a
+  // `web_search_options` call is charged one, reserved with it (not metered before).
+  const chatBody = (stream: boolean, extra: Record<string, unknown> = {}) => ({
+    model: 'gpt', stream, messages: [{ role: 'user', content: 'hi' }], web_search_options: {}, ...extra,
+  });
+  const chatUsage = { prompt_tokens: 100, completion_tokens: 10, total_tokens: 110 };
+
+  test('a chat call with web_search_options is charged its search, whole', async () => {
+    up.queue.push((_req, res) => json(res, 200, {
+      id: 'c1', object: 'chat.completion', model: 'gpt', usage: chatUsage,
+      choices: [{ index: 0, message: { role: 'assistant', content: 'ok', annotations: [] }, finish_reason: 'stop' }],
+    }));
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-o', chatBody(false));
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = entriesOf(gw, 'acct_o').at(-1)!;
+    assert.deepEqual([charge.amountMicro, charge.estimated], [-(tokens + 10_000), false]);
+  });
+
+  test('and streamed', async () => {
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      const chunk = (data: Record<string, unknown>) => `data: ${JSON.stringify({ id: 'c2', object: 'chat.completion.chunk', model: 'gpt', ...data })}\n\n`;
+      res.end(chunk({ choices: [{ index: 0, delta: { content: 'ok' }, finish_reason: null }] }) +
+        chunk({ choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }) + chunk({ choices: [], usage: chatUsage }) + 'data: [DONE]\n\n');
+    });
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-o', chatBody(true));
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = entriesOf(gw, 'acct_o').at(-1)!;
+    assert.deepEqual([charge.amountMicro, charge.estimated], [-(tokens + 10_000), false]);
+  });
+
+  test('a stream cut before its usage: the estimate and the search', async () => {
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.write(`data: ${JSON.stringify({ id: 'c3', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content: 'x' }, finish_reason: null }] })}\n\n`);
+      setTimeout(() => res.socket?.destroy(), 30);
+    });
+    const cut = chatBody(true, { messages: [{ role: 'user', content: 'x'.repeat(4000) }] });
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-o', cut);
+    await assert.rejects(res.text());
+    const charge = entriesOf(gw, 'acct_o').at(-1)!;
+    const estimate = estimateInputTokens(cut)!;
+    assert.deepEqual([charge.estimated, charge.inputTokens], [true, estimate]);
+    assert.equal(charge.amountMicro, -(Math.ceil(estimate * 2) + 8 + 10_000));
+  });
+
+  test('a refused chat call is free, search and all', async () => {
+    up.queue.push((_req, res) => json(res, 400, { error: { message: 'web_search_options is not supported by this model', type: 'invalid_request_error' } }));
+    const before = entriesOf(gw, 'acct_o').length;
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-o', chatBody(false));
+    assert.equal(res.status, 400);
+    await res.text();
+    assert.equal(entriesOf(gw, 'acct_o').length, before, 'nothing recorded');
+  });
+
+  test('the search is reserved: while one runs, a prepaid account with half a cent has nothing left for another call', async () => {
+    let answer: (() => void) | null = null;
+    const plainAnswer = (res: import('node:http').ServerResponse) => json(res, 200, {
+      id: 'c4', object: 'chat.completion', model: 'gpt', usage: chatUsage, choices: [{ index: 0, message: { role: 'assistant', content: 'ok' }, finish_reason: 'stop' }],
+    });
+    up.queue.push((_req, res) => {
+      answer = () => plainAnswer(res);
+    });
+    const searching = postJson(`${gw.url}/v1/chat/completions`, 'sk-cent', chatBody(false, { max_completion_tokens: 10 }));
+    await until(() => answer !== null, 5000, 'the searching call upstream');
+    const refused = await postJson(`${gw.url}/v1/chat/completions`, 'sk-cent', chatBody(false, { max_completion_tokens: 10, web_search_options: undefined }));
+    assert.equal(refused.status, 402);
+    await refused.text();
+    answer!();
+    assert.equal((await searching).status, 200);
+  });
+
+  // Anthropic bills code execution by the container-hour, which no model price covers.
+  test('Anthropic\'s code execution tool is refused before admission; web search and web fetch go through', async () => {
+    const hits = up.hits;
+    const messagesBody = (tools: unknown[]) => ({ model: 'claude', max_tokens: 10, messages: [{ role: 'user', content: 'hi' }], tools });
+    for (const type of ['code_execution_20250522', 'code_execution_20250825']) {
+      const res = await postJson(`${gw.url}/v1/messages`, 'sk-o', messagesBody([{ type: 'web_search_20250305', name: 'web_search', max_uses: 1 }, { type, name: 'code_execution' }]));
+      assert.equal(res.status, 400);
+      const err = (await res.json()) as { error: { message: string } };
+      assert.match(err.error.message, new RegExp(`tools\\[1\\].*${type}`));
+    }
+    assert.equal(up.hits, hits, 'never sent');
+    up.queue.push((_req, res) => json(res, 200, {
+      id: 'msg_1', type: 'message', role: 'assistant', model: 'claude', content: [{ type: 'text', text: 'ok' }], stop_reason: 'end_turn',
+      usage: { input_tokens: 100, output_tokens: 10, server_tool_use: { web_search_requests: 1, web_fetch_requests: 1 } },
+    }));
+    const ok = await postJson(`${gw.url}/v1/messages`, 'sk-o', messagesBody([
+      { type: 'web_search_20250305', name: 'web_search', max_uses: 1 }, { type: 'web_fetch_20250910', name: 'web_fetch', max_uses: 1 },
+    ]));
+    assert.equal(ok.status, 200);
+    await ok.text();
+    assert.equal(entriesOf(gw, 'acct_o').at(-1)!.amountMicro, -(300 + 150 + 10_000), 'tokens and the search');
   });
 });

@@ -112,7 +112,11 @@ export const chat: WireProtocol = {
     if (tier !== null) return tier;
     return {
       ok: true,
-      call: { body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices, audio: audioAsked(b) },
+      call: {
+        body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices, audio: audioAsked(b),
+        // Any value: the provider judges it, and a refusal is free.
+        searchesPerCall: b.web_search_options != null ? 1 : 0,
+      },
     };
   },
 

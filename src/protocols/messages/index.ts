@@ -2,7 +2,7 @@ import type { Usage } from '../../money.js';
 import { eventData } from '../../providers/sse.js';
 import {
   ABSENT, checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
-  sendJson, sseEvent, textChars, tokensOf, withModel,
+  sendJson, sseEvent, textChars, tokensOf, unpricedTool, withModel,
 } from '../common.js';
 import type { WireProtocol } from '../types.js';
 import { readEvent, TextDelta } from './text-delta.js';
@@ -50,6 +50,14 @@ export function thinkingLimits(maxTokens: number): { budget: number; maxTokens: 
 
 const OUTPUT = new Set(['text', 'thinking', 'input']);
 
+/**
+ * Anthropic's code execution tool is billed by the container-hour, at a price a model's config
+ * has no place for: refused when the call goes to Anthropic as it is, so no call runs up a
+ * bill the gateway cannot charge. (Web search is priced, `webSearchPerThousand`; web fetch
+ * bills only its tokens, which the usage counts.)
+ */
+const unpricedServerTool = (type: string): boolean => type.startsWith('code_execution');
+
 /** What the mock counts for count_tokens: the same characters it meters a call's input by. */
 export const countChars = messagesChars;
 
@@ -68,6 +76,8 @@ export const messages: WireProtocol = {
     if (!Array.isArray(limits)) return limits;
     return { ok: true, call: { body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices: 1 } };
   },
+
+  passThroughRefusal: (call) => unpricedTool(call.body, unpricedServerTool),
 
   outputBudget(call, model) {
     const budget = call.maxTokens ?? model.maxOutputTokens;

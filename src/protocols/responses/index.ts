@@ -2,7 +2,7 @@ import type { Usage } from '../../money.js';
 import { eventData, eventName } from '../../providers/sse.js';
 import {
   ABSENT, bad, checkBasics, checkServiceTier, count, echo, INVALID, isObj, modelSwapped, outputLimits, partsText, pieces, pump, sendJson, sseEvent,
-  textChars, tokensOf,
+  textChars, tokensOf, unpricedTool,
 } from '../common.js';
 import type { WireProtocol } from '../types.js';
 
@@ -126,17 +126,7 @@ export const responses: WireProtocol = {
 
   outputBudget: (call, model) => call.maxTokens ?? model.maxOutputTokens,
 
-  passThroughRefusal(call) {
-    const tools = call.body.tools;
-    if (!Array.isArray(tools)) return null;
-    for (let i = 0; i < tools.length; i++) {
-      const tool = tools[i] as unknown;
-      if (isObj(tool) && typeof tool.type === 'string' && UNPRICED_TOOLS.has(tool.type)) {
-        return { param: `tools[${i}]`, message: `"tools[${i}]" (${tool.type}) is billed by the provider at prices this gateway does not charge.` };
-      }
-    }
-    return null;
-  },
+  passThroughRefusal: (call) => unpricedTool(call.body, (type) => UNPRICED_TOOLS.has(type)),
 
   upstreamBody: modelSwapped,
 
