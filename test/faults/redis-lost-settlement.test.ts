@@ -37,6 +37,11 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
   });
 
   const COST = 700;
+  /** The next settlement (a BATCH op of kind `s`: its request holds that word alone) is cut, or its answer. */
+  const cutSettlement = (kind: 'request' | 'answer') => {
+    relay.cut = kind;
+    relay.cutFor = '\r\n$1\r\ns\r\n';
+  };
   const account = (id: string): AccountLimits => ({ id, rpm: null, concurrency: 5, dailyCapMicro: 1_000_000, prepaid: true });
   const key = { id: 'k', rpm: null, concurrency: null };
 
@@ -72,14 +77,14 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
 
   test('the settlement never reached Redis (connection cut under it): sent again, counted once', async () => {
     const t = await admitted('acct_req');
-    relay.cut = 'request';
+    cutSettlement('request');
     await assert.rejects(limiter.settle(t, COST), /limiter/);
     await chargedOnce('acct_req', t);
   });
 
   test('Redis ran the settlement but its answer was lost: sent again, not counted twice', async () => {
     const t = await admitted('acct_ans');
-    relay.cut = 'answer';
+    cutSettlement('answer');
     await assert.rejects(limiter.settle(t, COST), /limiter/);
     await chargedOnce('acct_ans', t);
   });
@@ -97,7 +102,7 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
 
   test('nothing reserved (a model priced for cached input only): a settlement that never reached Redis is charged when sent again (found in review)', async () => {
     const t = await admitted('acct_zero', 0);
-    relay.cut = 'request';
+    cutSettlement('request');
     await assert.rejects(limiter.settle(t, COST), /limiter/);
     await chargedOnce('acct_zero', t);
   });
@@ -218,7 +223,7 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
       await other.credit(acct.id, 10_000, 'c-lapse-nl');
       const t = await cutOff.admit(acct, key, null, 5_000);
       assert.ok(t.ok);
-      relay.cut = 'answer'; // Redis applies the settlement; its answer is lost with the connection
+      cutSettlement('answer'); // Redis applies the settlement; its answer is lost with the connection
       await assert.rejects(cutOff.settle(t, COST), /limiter/);
       await cutOffUntilTakenBack(other, acct, 'the lease taken back (its reservation already taken)');
       cutOff.release(t);
@@ -239,7 +244,7 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
       const held = cutOff as unknown as { resendSettlements: () => void };
       const resend = held.resendSettlements;
       held.resendSettlements = () => {};
-      relay.cut = 'request';
+      cutSettlement('request');
       await assert.rejects(cutOff.settle(t, COST), /limiter/);
       await until(async () => cutOff.ready() && (await other.snapshot(acct)).inFlight === 1, 5000, 'the lease taken again by a renewal');
       await cutOffUntilTakenBack(other, acct, 'the lease taken back again');
@@ -261,7 +266,7 @@ describe('fault: a settlement whose outcome is lost counts exactly once', { skip
       assert.ok(t.ok);
       await cutOffUntilTakenBack(other, acct, 'the lease taken back, with its reservation');
       await until(() => cutOff.ready(), 5000, 'back');
-      relay.cut = 'answer'; // applied, its answer lost with the connection
+      cutSettlement('answer'); // applied, its answer lost with the connection
       await assert.rejects(cutOff.settle(t, COST), /limiter/);
       await until(() => cutOff.ready(), 5000, 'back again: the settlement is sent again');
       cutOff.release(t);
