@@ -128,11 +128,17 @@ function textSource(source: unknown): boolean {
 }
 
 /**
+ * Searches reserved for a web search tool nothing bounds (no `max_uses`, no `max_tool_calls`):
+ * the provider then sets no bound the gateway can see, and a model searches a few times an
+ * answer. A figure, not a bound: each such call in flight can search past it unseen.
+ */
+export const UNBOUNDED_SEARCHES = 5;
+
+/**
  * Web searches a request allows at most: the `max_uses` of its web search server tools
  * (Anthropic's), summed; for a web search tool without one, the request's `max_tool_calls`
- * (the Responses API's bound on all its hosted tool calls), once. 0 when nothing bounds them
- * (the provider then sets no bound the gateway can see). Reserved with the call, so calls in
- * flight cannot search past a cap unseen.
+ * (the Responses API's bound on all its hosted tool calls), or UNBOUNDED_SEARCHES without it,
+ * once. Reserved with the call, so calls in flight cannot search past a cap unseen.
  */
 export function searchesAllowed(body: Record<string, unknown>): number {
   if (!Array.isArray(body.tools)) return 0;
@@ -146,8 +152,8 @@ export function searchesAllowed(body: Record<string, unknown>): number {
     else unbounded = true;
   }
   const calls = body.max_tool_calls;
-  if (unbounded && Number.isSafeInteger(calls) && (calls as number) > 0) n = Math.min(MAX_TOKENS, n + (calls as number));
-  return n;
+  if (!unbounded) return n;
+  return Math.min(MAX_TOKENS, n + (Number.isSafeInteger(calls) && (calls as number) > 0 ? (calls as number) : UNBOUNDED_SEARCHES));
 }
 
 /**

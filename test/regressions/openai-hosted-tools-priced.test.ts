@@ -19,8 +19,8 @@ describe('regression: OpenAI hosted tools are charged or refused', () => {
     const base = await up.start();
     gw = await startGateway(testConfig({
       plans: { p: { rpm: 1000, concurrency: 5 } },
-      accounts: { acct_o: { plan: 'p' }, acct_pre: { plan: 'p', balanceUsd: 5 }, acct_cent: { plan: 'p', balanceUsd: 0.005 } },
-      keys: { key_o: { account: 'acct_o', key: 'sk-o' }, key_pre: { account: 'acct_pre', key: 'sk-pre' }, key_cent: { account: 'acct_cent', key: 'sk-cent' } },
+      accounts: { acct_o: { plan: 'p' }, acct_pre: { plan: 'p', balanceUsd: 5 }, acct_cent: { plan: 'p', balanceUsd: 0.005 }, acct_few: { plan: 'p', balanceUsd: 0.03 } },
+      keys: { key_o: { account: 'acct_o', key: 'sk-o' }, key_pre: { account: 'acct_pre', key: 'sk-pre' }, key_cent: { account: 'acct_cent', key: 'sk-cent' }, key_few: { account: 'acct_few', key: 'sk-few' } },
       models: {
         gpt: { provider: 'oai', price: { inputPerMillion: 2, outputPerMillion: 8 } },
         claude: { provider: 'ant', price: { inputPerMillion: 3, outputPerMillion: 15 } },
@@ -127,6 +127,20 @@ describe('regression: OpenAI hosted tools are charged or refused', () => {
     const next = await postJson(`${gw.url}/v1/responses`, 'sk-pre', body(false, { tools: [] }));
     assert.equal(next.status, 200, 'admitted again once the reservation is settled');
     await next.text();
+  });
+
+  test('a web search nothing bounds (no max_tool_calls) reserves 5 searches: while one runs, a prepaid account with 3 cents has nothing left (it reserved none before)', async () => {
+    let answer: (() => void) | null = null;
+    up.queue.push((_req, res) => {
+      answer = () => json(res, 200, response([message]));
+    });
+    const searching = postJson(`${gw.url}/v1/responses`, 'sk-few', body(false, { max_output_tokens: 10 }));
+    await until(() => answer !== null, 5000, 'the searching call upstream');
+    const refused = await postJson(`${gw.url}/v1/responses`, 'sk-few', body(false, { tools: [], max_output_tokens: 10 }));
+    assert.equal(refused.status, 402);
+    await refused.text();
+    answer!();
+    assert.equal((await searching).status, 200);
   });
 
   // Chat Completions' search models bill a search a call (their usage does not say): a
