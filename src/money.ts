@@ -55,6 +55,11 @@ export interface Price {
   /** Web searches a model ran (Anthropic's server tool, the Responses API's), micro-dollars per thousand. */
   readonly webSearchPerThousand: number;
   /**
+   * Web searches billed for every call the provider had, whatever its answer says (OpenAI's
+   * Chat search models search on every call, and their usage does not say): 0 for most models.
+   */
+  readonly webSearchesPerCall: number;
+  /**
    * Audio tokens in and out (OpenAI bills them at many times the text prices); null when the
    * config sets none: a request for audio is then refused, as nothing can price it.
    */
@@ -62,7 +67,7 @@ export interface Price {
   readonly audioOutput: number | null;
 }
 
-export const FREE: Price = Object.freeze({ input: 0, output: 0, cacheRead: 0, cacheWrite: 0, cacheWrite1h: 0, webSearchPerThousand: 0, audioInput: 0, audioOutput: 0 });
+export const FREE: Price = Object.freeze({ input: 0, output: 0, cacheRead: 0, cacheWrite: 0, cacheWrite1h: 0, webSearchPerThousand: 0, webSearchesPerCall: 0, audioInput: 0, audioOutput: 0 });
 
 export function isFree(price: Price): boolean {
   return price.input === 0 && price.output === 0 && price.cacheRead === 0 && price.cacheWrite === 0 && price.cacheWrite1h === 0 &&

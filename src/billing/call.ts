@@ -66,7 +66,7 @@ export class BilledCall implements Exchange {
   private readonly choices: number;
   /** Where the request asked for audio (chat), or null: an estimate then prices it as audio. */
   private readonly audio: AudioAsked | null;
-  /** Searches billed for the call whatever its answer says (CallRequest.searchesPerCall). */
+  /** Searches the request asks to be billed whatever its answer says (CallRequest.searchesPerCall). */
   private readonly searchesPerCall: number;
   /** Usage the provider reported before its final count, if any. */
   private reported: Usage | null = null;
@@ -295,8 +295,10 @@ export class BilledCall implements Exchange {
   /** Settles the ticket and records the call; a promise resolves when the record is durable. */
   private charge(usage: Usage, estimated: boolean): void | Promise<void> {
     this.settled = true;
-    // The provider had the request (a refusal is NO_USAGE): it bills the call's searches.
-    if (this.searchesPerCall > (usage.webSearches ?? 0) && usage !== NO_USAGE) usage = { ...usage, webSearches: this.searchesPerCall };
+    // The provider had the request (a refusal is NO_USAGE): it bills the searches of every
+    // call of the model, and OpenAI those the request asked for (another server ignores them).
+    const perCall = Math.max(this.model.price.webSearchesPerCall, this.model.provider.protocol === 'openai' ? this.searchesPerCall : 0);
+    if (perCall > (usage.webSearches ?? 0) && usage !== NO_USAGE) usage = { ...usage, webSearches: perCall };
     const cost = costMicro(this.model.price, usage);
     const gw = this.gw;
     const settlement = gw.limiter.settle(this.ticket, cost);

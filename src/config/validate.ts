@@ -28,6 +28,9 @@ const SERVER_DEFAULTS: ServerConfig = {
 };
 
 export { MAX_LIMIT } from './fields.js';
+/** The most web searches a model's price may bill every call (OpenAI's search models: one). */
+const MAX_SEARCHES_PER_CALL = 100;
+
 /** The largest `outputTokenLimit` a model may have. */
 export const MAX_OUTPUT_TOKEN_LIMIT = 10_000_000;
 
@@ -361,7 +364,7 @@ function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): M
 function checkPrice(c: Checker, path: string, value: unknown): Price {
   if (value === undefined || value === 'free') return FREE;
   const o = c.object(path, value, ['inputPerMillion', 'outputPerMillion', 'cacheReadPerMillion', 'cacheWritePerMillion', 'cacheWrite1hPerMillion', 'webSearchPerThousand',
-    'audioInputPerMillion', 'audioOutputPerMillion']);
+    'webSearchesPerCall', 'audioInputPerMillion', 'audioOutputPerMillion']);
   if (o === null) return FREE;
   const price = (name: string): number => {
     const micro = c.money(`${path}.${name}`, o[name]) ?? 0;
@@ -374,7 +377,7 @@ function checkPrice(c: Checker, path: string, value: unknown): Price {
     input: price('inputPerMillion'), output: price('outputPerMillion'), cacheRead: price('cacheReadPerMillion'), cacheWrite,
     // Omitted: the five-minute price, as before this field existed (never free by omission).
     cacheWrite1h: o.cacheWrite1hPerMillion === undefined ? cacheWrite : price('cacheWrite1hPerMillion'),
-    webSearchPerThousand: 0, audioInput: 0, audioOutput: 0,
+    webSearchPerThousand: 0, webSearchesPerCall: 0, audioInput: 0, audioOutput: 0,
   };
   // Omitted: Anthropic's price, $10 per thousand (a search the provider bills is not free by
   // omission), unless every token is free (such a model stays free, not billable).
@@ -382,7 +385,10 @@ function checkPrice(c: Checker, path: string, value: unknown): Price {
   const searches = o.webSearchPerThousand !== undefined ? price('webSearchPerThousand') : free ? 0 : 10_000_000;
   // Omitted: no audio price (a request for audio is refused), unless every token is free.
   const audio = (name: string): number | null => (o[name] !== undefined ? price(name) : free ? 0 : null);
-  return { ...tokens, webSearchPerThousand: searches, audioInput: audio('audioInputPerMillion'), audioOutput: audio('audioOutputPerMillion') };
+  return {
+    ...tokens, webSearchPerThousand: searches, webSearchesPerCall: c.int(`${path}.webSearchesPerCall`, o.webSearchesPerCall, 0, MAX_SEARCHES_PER_CALL, 0),
+    audioInput: audio('audioInputPerMillion'), audioOutput: audio('audioOutputPerMillion'),
+  };
 }
 
 function checkModels(c: Checker, record: Obj, providers: Map<string, ProviderConfig>): Map<string, ModelConfig> {

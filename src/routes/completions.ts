@@ -53,14 +53,14 @@ function checkOutputLimits(call: CallRequest, outputTokenLimit: number): { messa
 
 /**
  * What a billable call reserves: its input estimate and output budget, its web searches (those
- * its tools allow, and those billed a call), and,
+ * its tools allow, and those billed a call: its price's, or its request's), and,
  * when it asks for audio, its audio parts' figures at the audio input price and all of its
  * output at the audio output price.
  */
 function reservation(call: CallRequest, price: Price, inputTokens: number, outputTokens: number): number {
   const audio = call.audio;
   const cost = costMicro(price, {
-    inputTokens, outputTokens, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: searchesAllowed(call.body) + (call.searchesPerCall ?? 0),
+    inputTokens, outputTokens, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: searchesAllowed(call.body) + Math.max(price.webSearchesPerCall, call.searchesPerCall ?? 0),
     audioInputTokens: audio?.input != null ? audioInputEstimate(audio, inputTokens) : 0, audioOutputTokens: audio?.output != null ? outputTokens : 0,
   });
   // At least a micro-dollar: a Redis settlement sent again knows it was applied by its

@@ -24,8 +24,10 @@ describe('regression: OpenAI hosted tools are charged or refused', () => {
       models: {
         gpt: { provider: 'oai', price: { inputPerMillion: 2, outputPerMillion: 8 } },
         claude: { provider: 'ant', price: { inputPerMillion: 3, outputPerMillion: 15 } },
+        search: { provider: 'oai', upstreamModel: 'gpt-4o-search-preview', price: { inputPerMillion: 2, outputPerMillion: 8, webSearchPerThousand: 25, webSearchesPerCall: 1 } },
+        local: { provider: 'mocked', price: { inputPerMillion: 2, outputPerMillion: 8 } },
       },
-      providers: { oai: { protocol: 'openai', baseUrl: base }, ant: { protocol: 'anthropic', baseUrl: base } },
+      providers: { oai: { protocol: 'openai', baseUrl: base }, ant: { protocol: 'anthropic', baseUrl: base }, mocked: { protocol: 'mock' } },
     }));
   });
   after(async () => {
@@ -189,6 +191,27 @@ describe('regression: OpenAI hosted tools are charged or refused', () => {
     const estimate = estimateInputTokens(cut)!;
     assert.deepEqual([charge.estimated, charge.inputTokens], [true, estimate]);
     assert.equal(charge.amountMicro, -(Math.ceil(estimate * 2) + 8 + 10_000));
+  });
+
+  test('a search model (webSearchesPerCall) is charged its search without web_search_options too (found in review: it searches on every call)', async () => {
+    up.queue.push((_req, res) => json(res, 200, {
+      id: 'c5', object: 'chat.completion', model: 'gpt-4o-search-preview', usage: chatUsage,
+      choices: [{ index: 0, message: { role: 'assistant', content: 'ok', annotations: [] }, finish_reason: 'stop' }],
+    }));
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-o', { model: 'search', messages: [{ role: 'user', content: 'hi' }] });
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = entriesOf(gw, 'acct_o').at(-1)!;
+    assert.deepEqual([charge.amountMicro, charge.estimated], [-(tokens + 25_000), false]);
+  });
+
+  test('web_search_options to a server that is not OpenAI (here the mock, which ignores it) is charged no search (found in review)', async () => {
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-o', { ...chatBody(false), model: 'local' });
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = entriesOf(gw, 'acct_o').at(-1)!;
+    assert.equal(charge.model, 'local');
+    assert.ok(charge.amountMicro > -1_000, `tokens only: ${charge.amountMicro}`);
   });
 
   test('a refused chat call is free, search and all', async () => {

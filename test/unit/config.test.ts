@@ -243,13 +243,13 @@ describe('money', () => {
   });
 
   test('cost is tokens x price per million, rounded up to a micro-dollar', () => {
-    const price = { input: 150_000, output: 600_000, cacheRead: 75_000, cacheWrite: 0, cacheWrite1h: 0, webSearchPerThousand: 0, audioInput: null, audioOutput: null };
+    const price = { input: 150_000, output: 600_000, cacheRead: 75_000, cacheWrite: 0, cacheWrite1h: 0, webSearchPerThousand: 0, webSearchesPerCall: 0, audioInput: null, audioOutput: null };
     assert.equal(costMicro(price, { inputTokens: 1_000_000, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 }), 150_000);
     assert.equal(costMicro(price, { inputTokens: 1, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 }), 1);
     assert.equal(costMicro(price, { inputTokens: 10, outputTokens: 10, cacheReadTokens: 100, cacheWriteTokens: 0 }), 15);
     assert.equal(microToUsd(1_234_567), 1.234567);
     // Cache writes kept for an hour at their own price (found in review: all at the five-minute one).
-    const sonnet = { input: 3_000_000, output: 15_000_000, cacheRead: 300_000, cacheWrite: 3_750_000, cacheWrite1h: 6_000_000, webSearchPerThousand: 10_000_000, audioInput: null, audioOutput: null };
+    const sonnet = { input: 3_000_000, output: 15_000_000, cacheRead: 300_000, cacheWrite: 3_750_000, cacheWrite1h: 6_000_000, webSearchPerThousand: 10_000_000, webSearchesPerCall: 0, audioInput: null, audioOutput: null };
     assert.equal(costMicro(sonnet, { inputTokens: 10, outputTokens: 5, cacheReadTokens: 0, cacheWriteTokens: 1000, cacheWrite1hTokens: 1000 }), 30 + 75 + 6000);
     assert.equal(costMicro(sonnet, { inputTokens: 10, outputTokens: 5, cacheReadTokens: 0, cacheWriteTokens: 1000, cacheWrite1hTokens: 400 }), 30 + 75 + 2250 + 2400);
     const configured = validateConfig({ providers: { mock: { protocol: 'mock' } }, models: { m: { provider: 'mock', price: { inputPerMillion: 3, outputPerMillion: 15, cacheWritePerMillion: 3.75 } } } }, opts);
@@ -261,6 +261,13 @@ describe('money', () => {
     const zero = validateConfig({ providers: { mock: { protocol: 'mock' } }, models: { z: { provider: 'mock', price: { inputPerMillion: 0, outputPerMillion: 0 } } } }, opts);
     assert.ok(zero.ok);
     assert.equal(zero.config.models.get('z')!.price.webSearchPerThousand, 0);
+    // Searches billed every call (OpenAI's Chat search models): none unless set, a whole number up to 100.
+    assert.equal(configured.config.models.get('m')!.price.webSearchesPerCall, 0);
+    const perCall = (n: unknown) => validateConfig({ providers: { mock: { protocol: 'mock' } }, models: { s: { provider: 'mock', price: { inputPerMillion: 1, webSearchesPerCall: n } } } }, opts);
+    const one = perCall(1);
+    assert.ok(one.ok);
+    assert.equal(one.config.models.get('s')!.price.webSearchesPerCall, 1);
+    for (const bad of [101, -1, 1.5, '1']) assert.ok(!perCall(bad).ok, String(bad));
     // Audio: its own prices when set (found in review: at the text ones); none by omission, but for a free model.
     assert.deepEqual([configured.config.models.get('m')!.price.audioInput, configured.config.models.get('m')!.price.audioOutput], [null, null]);
     assert.deepEqual([zero.config.models.get('z')!.price.audioInput, zero.config.models.get('z')!.price.audioOutput], [0, 0]);
