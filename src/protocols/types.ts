@@ -1,3 +1,4 @@
+import type { IncomingHttpHeaders } from 'node:http';
 import type { ModelEntry } from '../directory.js';
 import type { Usage } from '../money.js';
 import type { Exchange } from '../providers/types.js';
@@ -67,7 +68,7 @@ export interface WireProtocol {
    * Why a provider of this protocol may not be given the request as it is (it would bill what
    * the model's prices cannot price), naming the field; null when it may. Absent: always may.
    */
-  passThroughRefusal?(call: CallRequest): { message: string; param: string } | null;
+  passThroughRefusal?(call: CallRequest, headers: IncomingHttpHeaders): { message: string; param: string } | null;
   /** The output one answer may produce, in tokens: the request's limit, or the model's default. */
   outputBudget(call: CallRequest, model: ModelEntry): number;
   /** The JSON sent to a provider of this protocol: the client's body with the model swapped (usage asked for, …). */

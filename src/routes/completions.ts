@@ -1,4 +1,4 @@
-import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import { BilledCall } from '../billing/call.js';
 import { readBody, type BodyResult } from '../http/body.js';
 import { bodyShapeProblem } from '../http/body-shape.js';
@@ -142,7 +142,7 @@ function afterBody(
     // Deployments of one protocol take the request the same way: it is planned once per protocol.
     let same = 0;
     while (same < i && deployments[same]!.model.provider.protocol !== protocol) same++;
-    const plan = same < i ? plans[same]! : planFor(protocol, wire, call, served, inputTokens, ctx.id);
+    const plan = same < i ? plans[same]! : planFor(protocol, wire, call, served, inputTokens, ctx.id, req.headers);
     plans[i] = plan;
     if ('message' in plan) {
       excluded |= 1 << i;
@@ -218,9 +218,10 @@ interface Refusal {
 /** The call as a provider of `protocol` takes it, or why it cannot (answered 400 before admission). */
 function planFor(
   protocol: Protocol, wire: WireProtocol, call: CallRequest, model: ModelEntry, inputTokens: number, requestId: string,
+  headers: IncomingHttpHeaders,
 ): Plan | Refusal {
   if (protocol === 'mock') return AS_IT_IS;
-  if (supports(protocol, wire.endpoint)) return wire.passThroughRefusal?.(call) ?? AS_IT_IS;
+  if (supports(protocol, wire.endpoint)) return wire.passThroughRefusal?.(call, headers) ?? AS_IT_IS;
   const translator = translatorFor(wire.endpoint, protocol);
   if (translator === null) {
     return { message: `The model "${call.model}" is served over the ${protocol} protocol, which has no ${wire.path}; use ${servedPaths(protocol)}.`, param: 'model' };

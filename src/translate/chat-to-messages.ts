@@ -2,7 +2,7 @@ import { isObj } from '../protocols/common.js';
 import { TextDelta } from '../protocols/messages/text-delta.js';
 import type { ParsedEvents } from '../providers/sse.js';
 import {
-  anthropicEvent, argumentsObject, checkKnown, dataEvent, dataUrl, lookup, refuse, shown, StreamEnded, textOf, toolId, toolName,
+  anthropicEvent, argumentsObject, checkKnown, dataEvent, dataUrl, lookup, mergeUsage, refuse, shown, StreamEnded, textOf, toolId, toolName,
 } from './common.js';
 import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
@@ -225,7 +225,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
           id = `chatcmpl-${m.id}`;
           head = '';
         }
-        if (isObj(m.usage)) usage = { ...m.usage };
+        if (isObj(m.usage)) usage = mergeUsage({}, m.usage);
         return chunk({ role: 'assistant', content: '' });
       }
       case 'content_block_start': {
@@ -258,7 +258,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
         return chunk({ tool_calls: [{ index, function: { arguments: '{}' } }] });
       }
       case 'message_delta': {
-        if (isObj(msg.usage)) usage = { ...usage, ...msg.usage };
+        if (isObj(msg.usage)) mergeUsage(usage, msg.usage);
         const delta = isObj(msg.delta) ? msg.delta : {};
         return chunk({}, lookup(FINISH, delta.stop_reason) ?? 'stop');
       }

@@ -170,3 +170,17 @@ export class StreamEnded extends Error {
     this.name = 'StreamEnded';
   }
 }
+
+/** The counts of Anthropic's usage a translation reports to its client. */
+const USAGE_COUNTS = ['input_tokens', 'output_tokens', 'cache_read_input_tokens', 'cache_creation_input_tokens'] as const;
+
+/**
+ * Anthropic's running usage, with the counts of a later event's usage over it: only those
+ * counts (found in review: every key a provider sent was kept and copied again at each
+ * message_delta, so a stream of deltas with new keys took the process quadratic time, seconds
+ * of a blocked event loop for half a megabyte).
+ */
+export function mergeUsage(into: Record<string, unknown>, from: Record<string, unknown>): Record<string, unknown> {
+  for (const name of USAGE_COUNTS) if (from[name] !== undefined) into[name] = from[name];
+  return into;
+}

@@ -36,6 +36,12 @@ export class TranslatedCall extends WrappedExchange {
   override get endpoint(): Endpoint { return this.translator.provider; }
   override get body(): Record<string, unknown> { return this.translatedBody; }
   override get text(): string { return this.translatedText; }
+  /**
+   * None of the client's headers: they are of its own protocol, and the provider gets its
+   * protocol's defaults (found in review: a Chat client's `anthropic-beta` reached Anthropic,
+   * and could switch on long-context prices no model's price covers).
+   */
+  override header(_name: string): string | undefined { return undefined; }
 
   override head(status: number, contentType: string, extra: string[] = []): void {
     // A whole answer is sent at `end`, once translated (its length changes): also when a

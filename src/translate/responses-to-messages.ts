@@ -1,7 +1,7 @@
 import { isObj } from '../protocols/common.js';
 import { TextDelta } from '../protocols/messages/text-delta.js';
 import type { ParsedEvents } from '../providers/sse.js';
-import { anthropicEvent, argumentsObject, checkKnown, dataUrl, refuse, shown, StreamEnded, textOf, toolId, toolName } from './common.js';
+import { anthropicEvent, argumentsObject, checkKnown, dataUrl, mergeUsage, refuse, shown, StreamEnded, textOf, toolId, toolName } from './common.js';
 import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
@@ -277,7 +277,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
       case 'message_start': {
         const m = isObj(msg.message) ? msg.message : {};
         if (typeof m.id === 'string') id = `resp_${m.id}`;
-        if (isObj(m.usage)) usage = { ...m.usage };
+        if (isObj(m.usage)) usage = mergeUsage({}, m.usage);
         return start();
       }
       case 'content_block_start': {
@@ -346,7 +346,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
         return out + emit('response.output_item.done', { output_index: index, item });
       }
       case 'message_delta': {
-        if (isObj(msg.usage)) usage = { ...usage, ...msg.usage };
+        if (isObj(msg.usage)) mergeUsage(usage, msg.usage);
         if (isObj(msg.delta)) stop = msg.delta.stop_reason;
         return '';
       }

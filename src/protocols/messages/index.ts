@@ -58,6 +58,16 @@ const OUTPUT = new Set(['text', 'thinking', 'input']);
  */
 const unpricedServerTool = (type: string): boolean => type.startsWith('code_execution');
 
+/**
+ * Anthropic bills a call past 200k input tokens at its long-context prices (about twice the
+ * input price) under the `context-1m` beta, which no model's price covers: refused (found in
+ * review). The other betas change no price a model's config cannot set.
+ */
+function unpricedBeta(beta: string | string[] | undefined): { message: string; param: string } | null {
+  if (beta === undefined || !String(beta).toLowerCase().includes('context-1m')) return null;
+  return { param: 'anthropic-beta', message: 'The "context-1m" beta is billed by the provider at long-context prices this gateway does not charge.' };
+}
+
 /** What the mock counts for count_tokens: the same characters it meters a call's input by. */
 export const countChars = messagesChars;
 
@@ -77,7 +87,7 @@ export const messages: WireProtocol = {
     return { ok: true, call: { body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices: 1 } };
   },
 
-  passThroughRefusal: (call) => unpricedTool(call.body, unpricedServerTool),
+  passThroughRefusal: (call, headers) => unpricedTool(call.body, unpricedServerTool) ?? unpricedBeta(headers['anthropic-beta']),
 
   outputBudget(call, model) {
     const budget = call.maxTokens ?? model.maxOutputTokens;
