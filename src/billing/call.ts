@@ -295,10 +295,13 @@ export class BilledCall implements Exchange {
   /** Settles the ticket and records the call; a promise resolves when the record is durable. */
   private charge(usage: Usage, estimated: boolean): void | Promise<void> {
     this.settled = true;
-    // The provider had the request (a refusal is NO_USAGE): it bills the searches of every
-    // call of the model, and OpenAI those the request asked for (another server ignores them).
-    const perCall = Math.max(this.model.price.webSearchesPerCall, this.model.provider.protocol === 'openai' ? this.searchesPerCall : 0);
-    if (perCall > (usage.webSearches ?? 0) && usage !== NO_USAGE) usage = { ...usage, webSearches: perCall };
+    // The provider had the request (a refusal is NO_USAGE): OpenAI bills the searches of every
+    // call of a search model, and those the request asked for (another server runs none: found
+    // in review, an Anthropic fallback of a search model was charged one).
+    if (usage !== NO_USAGE && this.model.provider.protocol === 'openai') {
+      const perCall = Math.max(this.model.price.webSearchesPerCall, this.searchesPerCall);
+      if (perCall > (usage.webSearches ?? 0)) usage = { ...usage, webSearches: perCall };
+    }
     const cost = costMicro(this.model.price, usage);
     const gw = this.gw;
     const settlement = gw.limiter.settle(this.ticket, cost);

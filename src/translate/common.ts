@@ -181,6 +181,7 @@ const USAGE_COUNTS = ['input_tokens', 'output_tokens', 'cache_read_input_tokens'
  * of a blocked event loop for half a megabyte).
  */
 export function mergeUsage(into: Record<string, unknown>, from: Record<string, unknown>): Record<string, unknown> {
-  for (const name of USAGE_COUNTS) if (from[name] !== undefined) into[name] = from[name];
+  // Counts only: a later null (which Anthropic's types allow) does not wipe an earlier count (found in review).
+  for (const name of USAGE_COUNTS) if (typeof from[name] === 'number') into[name] = from[name];
   return into;
 }

@@ -26,6 +26,10 @@ describe('regression: OpenAI hosted tools are charged or refused', () => {
         claude: { provider: 'ant', price: { inputPerMillion: 3, outputPerMillion: 15 } },
         search: { provider: 'oai', upstreamModel: 'gpt-4o-search-preview', price: { inputPerMillion: 2, outputPerMillion: 8, webSearchPerThousand: 25, webSearchesPerCall: 1 } },
         local: { provider: 'mocked', price: { inputPerMillion: 2, outputPerMillion: 8 } },
+        routed: {
+          deployments: [{ provider: 'oai', upstreamModel: 'gpt-4o-search-preview' }, { provider: 'ant', upstreamModel: 'claude', fallback: true }],
+          price: { inputPerMillion: 2, outputPerMillion: 8, webSearchPerThousand: 25, webSearchesPerCall: 1 },
+        },
       },
       providers: { oai: { protocol: 'openai', baseUrl: base }, ant: { protocol: 'anthropic', baseUrl: base }, mocked: { protocol: 'mock' } },
     }));
@@ -203,6 +207,19 @@ describe('regression: OpenAI hosted tools are charged or refused', () => {
     await res.text();
     const charge = entriesOf(gw, 'acct_o').at(-1)!;
     assert.deepEqual([charge.amountMicro, charge.estimated], [-(tokens + 25_000), false]);
+  });
+
+  test('a search model\'s Anthropic fallback, which runs no search, is charged none (found in review)', async () => {
+    up.queue.push((_req, res) => json(res, 503, { error: { message: 'overloaded', type: 'server_error' } }));
+    up.queue.push((_req, res) => json(res, 200, {
+      id: 'msg_f', type: 'message', role: 'assistant', model: 'claude', content: [{ type: 'text', text: 'ok' }], stop_reason: 'end_turn',
+      usage: { input_tokens: 100, output_tokens: 10 },
+    }));
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-o', { model: 'routed', max_tokens: 20, messages: [{ role: 'user', content: 'hi' }] });
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = entriesOf(gw, 'acct_o').at(-1)!;
+    assert.deepEqual([charge.deployment, charge.amountMicro], ['ant', -tokens]);
   });
 
   test('web_search_options to a server that is not OpenAI (here the mock, which ignores it) is charged no search (found in review)', async () => {
