@@ -378,8 +378,14 @@ export class BilledCall implements Exchange {
     } catch (err) {
       this.gw.logger.error('internal error closing a call', { request_id: this.ctx.id, error: String((err as Error)?.stack ?? err) });
     } finally {
-      // Whatever went wrong above, the slot and the idempotency key go back, once.
-      this.gw.limiter.release(this.ticket);
+      // Whatever went wrong above, the slot and the idempotency key go back, once; and a
+      // release that throws still ends the call (else the drain waited for it for ever, and
+      // the calls queued after it on a dying connection were never released).
+      try {
+        this.gw.limiter.release(this.ticket);
+      } catch (err) {
+        this.gw.logger.error('internal error releasing a call', { request_id: this.ctx.id, error: String((err as Error)?.stack ?? err) });
+      }
       this.gw.inFlight--;
       this.gw.done(this.ctx);
     }

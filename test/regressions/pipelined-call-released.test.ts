@@ -60,3 +60,28 @@ test('regression: many pipelined calls waiting on one connection share one close
     process.off('warning', onWarning);
   }
 });
+
+test('regression: a release that throws (a bug) still ends its call, and the calls queued after it on the dying connection are released (the loop stopped at it, and the drain waited for ever)', async () => {
+  const limiter = gw.gateway.limiter;
+  const release = limiter.release.bind(limiter);
+  let thrown = 0;
+  limiter.release = (t) => {
+    if (thrown++ === 0) throw new Error('a bug in release');
+    release(t);
+  };
+  try {
+    const port = new URL(gw.url).port;
+    const socket = connect(Number(port), '127.0.0.1');
+    await new Promise<void>((resolve) => socket.once('connect', resolve));
+    socket.on('error', () => {});
+    socket.write(rawRequest('slow-1', 't0') + rawRequest('echo-1', 't1') + rawRequest('echo-1', 't2'));
+    await until(() => gw.gateway.inFlight === 3, 2000, 'all admitted');
+    socket.destroy();
+    await until(() => gw.gateway.inFlight === 0, 2000, 'every call over');
+    assert.equal(thrown, 3, 'every release tried');
+    await until(() => gw.logs.some((line) => line.includes('internal error releasing a call')), 2000, 'the fault logged');
+  } finally {
+    limiter.release = release;
+  }
+});
+
