@@ -698,8 +698,11 @@ class Reader {
     if (file === undefined) {
       try {
         file = await open(join(this.dir, segmentName(at[0])), 'r');
-      } catch {
-        return null;
+      } catch (err) {
+        // No such segment: no record there. Any other failure (too many open files, EIO) is
+        // the disk's, not the journal's: 503, never reported as corruption (found in review).
+        if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
+        throw new GatewayError('ledger_unavailable', { retryAfterS: 1 });
       }
       this.files.set(at[0], file);
     }

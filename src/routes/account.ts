@@ -1,5 +1,7 @@
+import type { ServerResponse } from 'node:http';
 import { DAY_MS } from '../clock.js';
 import { GatewayError } from '../errors.js';
+import type { RequestContext } from '../http/context.js';
 import type { RouteHost } from './host.js';
 import { sendJson } from '../http/reply.js';
 import type { GroupBy, LedgerEntry } from '../ledger/types.js';
@@ -20,6 +22,26 @@ function parseDay(text: string): number | null {
 
 function badParam(param: string, message: string): GatewayError {
   return new GatewayError('invalid_request', { message, fields: { param } });
+}
+
+/**
+ * Admits a read that awaits the ledger (the file's or PostgreSQL's): it holds a concurrency slot
+ * and its Idempotency-Key until its answer closes, as every authenticated /v1/ request counts
+ * toward concurrency (found in review: admitted as instant, thousands of history reads of one
+ * key ran at once, slowing every other tenant's calls).
+ */
+function admitHeld(gw: RouteHost, ctx: RequestContext, res: ServerResponse, then: () => void): void {
+  const key = ctx.key!;
+  gw.admit(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, null), (ticket) => {
+    if (res.closed) {
+      // The client left while a remote limiter decided: nothing to answer.
+      gw.limiter.release(ticket);
+      ctx.status = 499;
+      return gw.done(ctx);
+    }
+    res.once('close', () => gw.limiter.release(ticket));
+    then();
+  });
 }
 
 export function registerAccountRoutes(router: Router<RouteHost>): void {
@@ -70,7 +92,7 @@ export function registerAccountRoutes(router: Router<RouteHost>): void {
         if (groupBy !== 'day' && groupBy !== 'model' && groupBy !== 'key') {
           return gw.fault(ctx, res, badParam('group_by', '"group_by" must be day, model or key.'));
         }
-        gw.admit(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), () => {
+        admitHeld(gw, ctx, res, () => {
           gw.decide(ctx, res, gw.ledger.usage(key.account.id, start, end, groupBy), (usage) => {
             const rows = usage.map((r) => ({
               date: r.date, model: r.model, key_id: r.keyId, requests: r.requests, input_tokens: r.inputTokens,
@@ -95,7 +117,7 @@ export function registerAccountRoutes(router: Router<RouteHost>): void {
           return gw.fault(ctx, res, badParam('limit', '"limit" must be an integer from 1 to 100.'));
         }
         const after = params.get('after');
-        gw.admit(ctx, res, gw.limiter.admitInstant(key.account, key, ctx.idempotencyKey ?? null), () => {
+        admitHeld(gw, ctx, res, () => {
           gw.decide(ctx, res, gw.ledger.history(key.account.id, limit, after === '' ? null : after), (page) => {
             sendJson(ctx, res, 200, JSON.stringify({
               object: 'list', data: page.entries.map(historyItem), has_more: page.hasMore, next_cursor: page.nextCursor,

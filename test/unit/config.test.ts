@@ -240,6 +240,11 @@ describe('money', () => {
     assert.equal(typeof parseUsd(true), 'string');
     assert.equal(typeof parseUsd(Infinity), 'string');
     assert.equal(typeof parseUsd(1e300), 'string');
+    // Refused before any regular expression (found in review: 100,000 zeros took 10 s, quadratic).
+    const began = performance.now();
+    assert.equal(typeof parseUsd(`1.${'0'.repeat(100_000)}1`), 'string');
+    assert.ok(performance.now() - began < 250, 'at once');
+    assert.equal(parseUsd(`1.${'0'.repeat(50)}`), 1_000_000, 'a long amount within the bound is still read');
   });
 
   test('cost is tokens x price per million, rounded up to a micro-dollar', () => {
