@@ -25,6 +25,13 @@ export function usageField(answer: Buffer): unknown {
 }
 
 const USAGE_KEY = Buffer.from('"usage"');
+/**
+ * The most bytes scanned for a usage object, and for what follows it: a real one and its tail
+ * are a few hundred bytes (found in review: a provider's 60 MB usage object was parsed whole,
+ * past the bound on parsed answers, blocking the event loop 22 s). Past them, the usage is not
+ * found this way, and the answer's own bound applies.
+ */
+const MAX_USAGE_BYTES = 256 * 1024;
 
 /** The usage object whose key starts at `at`, if that is a top-level key with an object value. */
 function usageAt(bytes: Buffer, at: number): unknown {
@@ -36,8 +43,9 @@ function usageAt(bytes: Buffer, at: number): unknown {
   if (bytes[start] !== 0x3a) return undefined; // :
   start = skipSpace(bytes, start + 1);
   if (bytes[start] !== 0x7b) return undefined; // the value is an object
-  const end = closeOf(bytes, start, 0);
-  if (end === -1 || closeOf(bytes, end + 1, 1) !== bytes.length - 1 - trailingSpace(bytes)) return undefined;
+  const end = closeOf(bytes, start, 0, start + MAX_USAGE_BYTES);
+  if (end === -1 || bytes.length - end > MAX_USAGE_BYTES) return undefined;
+  if (closeOf(bytes, end + 1, 1, bytes.length) !== bytes.length - 1 - trailingSpace(bytes)) return undefined;
   try {
     return JSON.parse(bytes.toString('utf8', start, end + 1));
   } catch {
@@ -47,10 +55,10 @@ function usageAt(bytes: Buffer, at: number): unknown {
 
 /**
  * Scanning from `from` with `depth` objects or arrays already open, the index of the bracket
- * that closes them all, or -1. Strings are skipped, escapes included.
+ * that closes them all before `until`, or -1. Strings are skipped, escapes included.
  */
-function closeOf(bytes: Buffer, from: number, depth: number): number {
-  const n = bytes.length;
+function closeOf(bytes: Buffer, from: number, depth: number, until: number): number {
+  const n = Math.min(bytes.length, until);
   for (let k = from; k < n; k++) {
     const c = bytes[k]!;
     if (c === 0x22) {

@@ -144,6 +144,9 @@ export const chat: WireProtocol = {
     // Final only from the usage chunk (no choices, sent last) or at [DONE]: some compatible
     // servers report running usage in every chunk, which is not final if the stream breaks off.
     let final = false;
+    // Answers came after the last usage seen: it is partial, never final (found in review: a
+    // server's early usage chunk, 0 output, was charged as final for all the output after it).
+    let stale = false;
     return {
       see(event) {
         const data = eventData(event);
@@ -160,6 +163,7 @@ export const chat: WireProtocol = {
         }
         if (!isObj(chunk)) return { forward: true, final: false };
         const choices = Array.isArray(chunk.choices) ? chunk.choices : [];
+        if (choices.length > 0) stale = true;
         for (const choice of choices) {
           const delta = isObj(choice) && isObj(choice.delta) ? choice.delta : null;
           if (delta === null) continue;
@@ -173,6 +177,7 @@ export const chat: WireProtocol = {
         const seen = chatUsage(chunk.usage);
         if (seen !== null) {
           usage = seen;
+          stale = false;
           ex.noteUsage(seen);
           if (choices.length === 0) {
             final = true;
@@ -181,7 +186,7 @@ export const chat: WireProtocol = {
         }
         return { forward: true, final: false };
       },
-      usage: () => (final ? usage : null),
+      usage: () => (final && !stale ? usage : null),
     };
   },
 
