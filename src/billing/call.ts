@@ -6,6 +6,7 @@ import type { ModelEntry } from '../directory.js';
 import { ERRORS, type ErrorCode, type ErrorDetails, type ErrorSpec } from '../errors.js';
 import type { RequestContext } from '../http/context.js';
 import { baseHeaders, sendErrorSpec } from '../http/reply.js';
+import { noLongerWaiting, whenConnectionCloses } from '../http/pipelined.js';
 import { bytesTaken, watchedAnswers } from '../http/slow-readers.js';
 import type { LedgerEntry } from '../ledger/types.js';
 import type { Limiter, Ticket } from '../limiter/types.js';
@@ -365,7 +366,7 @@ export class BilledCall implements Exchange {
   private readonly onClose = (): void => {
     if (this.closed) return; // a pipelined answer's connection, then its own close
     this.closed = true;
-    if (this.queuedOn !== null) waitingOn.get(this.queuedOn)?.delete(this.onClose);
+    if (this.queuedOn !== null) noLongerWaiting(this.queuedOn, this.onClose);
     try {
       this.clientRead();
       if (!this.res.writableFinished) {
@@ -390,26 +391,6 @@ export class BilledCall implements Exchange {
       this.gw.done(this.ctx);
     }
   };
-}
-
-/**
- * The pipelined answers waiting on each connection: one 'close' listener a connection, however
- * many wait (found in review: one each, Node warned of a leak past ten).
- */
-const waitingOn = new WeakMap<Socket, Set<() => void>>();
-
-function whenConnectionCloses(socket: Socket, close: () => void): void {
-  let waiting = waitingOn.get(socket);
-  if (waiting === undefined) {
-    const calls = new Set<() => void>();
-    waitingOn.set(socket, calls);
-    socket.once('close', () => {
-      waitingOn.delete(socket);
-      for (const call of calls) call();
-    });
-    waiting = calls;
-  }
-  waiting.add(close);
 }
 
 /**

@@ -1,7 +1,8 @@
-import type { ServerResponse } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { DAY_MS } from '../clock.js';
 import { GatewayError } from '../errors.js';
 import type { RequestContext } from '../http/context.js';
+import { noLongerWaiting, whenConnectionCloses } from '../http/pipelined.js';
 import type { RouteHost } from './host.js';
 import { sendJson } from '../http/reply.js';
 import type { GroupBy, LedgerEntry } from '../ledger/types.js';
@@ -30,16 +31,27 @@ function badParam(param: string, message: string): GatewayError {
  * toward concurrency (found in review: admitted as instant, thousands of history reads of one
  * key ran at once, slowing every other tenant's calls).
  */
-function admitHeld(gw: RouteHost, ctx: RequestContext, res: ServerResponse, then: () => void): void {
+function admitHeld(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse, then: () => void): void {
   const key = ctx.key!;
   gw.admit(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, null), (ticket) => {
-    if (res.closed) {
-      // The client left while a remote limiter decided: nothing to answer.
+    // Given back once: when the answer closes, or, for a pipelined answer still waiting behind
+    // another, when its connection does (found in review: Node never closes such an answer).
+    const queued = res.socket === null ? req.socket : null;
+    let held = true;
+    const release = () => {
+      if (!held) return;
+      held = false;
+      if (queued !== null) noLongerWaiting(queued, release);
       gw.limiter.release(ticket);
+    };
+    if (res.closed || queued?.destroyed === true) {
+      // The client left while a remote limiter decided: nothing to answer.
+      release();
       ctx.status = 499;
       return gw.done(ctx);
     }
-    res.once('close', () => gw.limiter.release(ticket));
+    res.once('close', release);
+    if (queued !== null) whenConnectionCloses(queued, release);
     then();
   });
 }
@@ -73,7 +85,7 @@ export function registerAccountRoutes(router: Router<RouteHost>): void {
   router.add('/v1/usage', {
     auth: true,
     methods: {
-      GET: (gw, ctx, _req, res) => {
+      GET: (gw, ctx, req, res) => {
         const key = ctx.key!;
         // Parameters are checked before admission: a bad request consumes nothing.
         const params = new URLSearchParams(ctx.query);
@@ -92,7 +104,7 @@ export function registerAccountRoutes(router: Router<RouteHost>): void {
         if (groupBy !== 'day' && groupBy !== 'model' && groupBy !== 'key') {
           return gw.fault(ctx, res, badParam('group_by', '"group_by" must be day, model or key.'));
         }
-        admitHeld(gw, ctx, res, () => {
+        admitHeld(gw, ctx, req, res, () => {
           gw.decide(ctx, res, gw.ledger.usage(key.account.id, start, end, groupBy), (usage) => {
             const rows = usage.map((r) => ({
               date: r.date, model: r.model, key_id: r.keyId, requests: r.requests, input_tokens: r.inputTokens,
@@ -108,7 +120,7 @@ export function registerAccountRoutes(router: Router<RouteHost>): void {
   router.add('/v1/billing/history', {
     auth: true,
     methods: {
-      GET: (gw, ctx, _req, res) => {
+      GET: (gw, ctx, req, res) => {
         const key = ctx.key!;
         const params = new URLSearchParams(ctx.query);
         const limitText = params.get('limit');
@@ -117,7 +129,7 @@ export function registerAccountRoutes(router: Router<RouteHost>): void {
           return gw.fault(ctx, res, badParam('limit', '"limit" must be an integer from 1 to 100.'));
         }
         const after = params.get('after');
-        admitHeld(gw, ctx, res, () => {
+        admitHeld(gw, ctx, req, res, () => {
           gw.decide(ctx, res, gw.ledger.history(key.account.id, limit, after === '' ? null : after), (page) => {
             sendJson(ctx, res, 200, JSON.stringify({
               object: 'list', data: page.entries.map(historyItem), has_more: page.hasMore, next_cursor: page.nextCursor,

@@ -61,6 +61,20 @@ describe('regression: a hostile provider on the relay', () => {
     assert.deepEqual([charge.estimated, charge.outputTokens], [true, 10_000], 'the output relayed: 40,000 characters');
   });
 
+  test('a usage chunk followed by a chunk without output (a finish) stays final: charged exactly (found in review)', async () => {
+    const chunk = (data: Record<string, unknown>) => `data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', ...data })}\n\n`;
+    up.queue.push((_req, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' });
+      res.end(chunk({ choices: [{ index: 0, delta: { content: 'ok' }, finish_reason: null }] }) + chunk({ choices: [], usage: { prompt_tokens: 5, completion_tokens: 1 } }) +
+        chunk({ choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }) + 'data: [DONE]\n\n');
+    });
+    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-h', body(true));
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = entriesOf(gw, 'acct_h').at(-1)!;
+    assert.deepEqual([charge.estimated, charge.inputTokens, charge.outputTokens], [false, 5, 1]);
+  });
+
   test('an event arriving two characters at a time is held in few pieces', () => {
     const splitter = new SseSplitter(8 * 1024 * 1024);
     const piece = Buffer.from('xx');

@@ -85,3 +85,19 @@ test('regression: a release that throws (a bug) still ends its call, and the cal
   }
 });
 
+test('regression: a pipelined usage read whose connection dies while it waits gives back its slot and Idempotency-Key (found in review: held for good)', async () => {
+  const port = new URL(gw.url).port;
+  const socket = connect(Number(port), '127.0.0.1');
+  await new Promise<void>((resolve) => socket.once('connect', resolve));
+  socket.on('error', () => {});
+  const account = gw.gateway.directory.accounts.get('acct_alice')!;
+  const before = (await gw.gateway.limiter.snapshot(account)).inFlight; // (the throwing release above kept one)
+  socket.write(`${rawRequest('slow-1', 'r0')}GET /v1/usage HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sk-alice\r\nIdempotency-Key: u1\r\n\r\n`);
+  await until(async () => (await gw.gateway.limiter.snapshot(account)).inFlight === before + 2, 2000, 'both admitted');
+  socket.destroy();
+  await until(async () => (await gw.gateway.limiter.snapshot(account)).inFlight === before, 2000, 'both given back');
+  const again = await fetch(`${gw.url}/v1/usage`, { headers: { authorization: 'Bearer sk-alice', 'idempotency-key': 'u1' } });
+  assert.equal(again.status, 200, 'the Idempotency-Key is free again');
+  await again.text();
+});
+

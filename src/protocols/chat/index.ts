@@ -163,16 +163,20 @@ export const chat: WireProtocol = {
         }
         if (!isObj(chunk)) return { forward: true, final: false };
         const choices = Array.isArray(chunk.choices) ? chunk.choices : [];
-        if (choices.length > 0) stale = true;
+        let output = 0;
         for (const choice of choices) {
           const delta = isObj(choice) && isObj(choice.delta) ? choice.delta : null;
           if (delta === null) continue;
-          if (typeof delta.content === 'string') ex.noteOutput(delta.content.length);
-          if (typeof delta.refusal === 'string') ex.noteOutput(delta.refusal.length);
-          if (typeof delta.reasoning_content === 'string') ex.noteOutput(delta.reasoning_content.length);
-          if (Array.isArray(delta.tool_calls)) ex.noteOutput(JSON.stringify(delta.tool_calls).length);
+          if (typeof delta.content === 'string') output += delta.content.length;
+          if (typeof delta.refusal === 'string') output += delta.refusal.length;
+          if (typeof delta.reasoning_content === 'string') output += delta.reasoning_content.length;
+          if (Array.isArray(delta.tool_calls)) output += JSON.stringify(delta.tool_calls).length;
           // Spoken output: its transcript, at the audio tokens it stands for (an estimate).
-          if (isObj(delta.audio) && typeof delta.audio.transcript === 'string') ex.noteOutput(delta.audio.transcript.length * AUDIO_CHARS_PER_TRANSCRIPT_CHAR);
+          if (isObj(delta.audio) && typeof delta.audio.transcript === 'string') output += delta.audio.transcript.length * AUDIO_CHARS_PER_TRANSCRIPT_CHAR;
+        }
+        if (output > 0) {
+          ex.noteOutput(output);
+          stale = true; // (a chunk with no output, a finish or a filter's note, leaves the usage final)
         }
         const seen = chatUsage(chunk.usage);
         if (seen !== null) {

@@ -1,0 +1,33 @@
+import type { Socket } from 'node:net';
+
+/**
+ * A pipelined answer waits behind the ones before it on its connection with no socket of its
+ * own, and Node never closes it if the connection dies meanwhile: whatever it holds (a
+ * concurrency slot, an Idempotency-Key) is given back by the connection's own close instead.
+ */
+
+/**
+ * The pipelined answers waiting on each connection: one 'close' listener a connection, however
+ * many wait (found in review: one each, Node warned of a leak past ten).
+ */
+const waitingOn = new WeakMap<Socket, Set<() => void>>();
+
+/** Runs `close` when the connection closes, unless `noLongerWaiting` came first. */
+export function whenConnectionCloses(socket: Socket, close: () => void): void {
+  let waiting = waitingOn.get(socket);
+  if (waiting === undefined) {
+    const calls = new Set<() => void>();
+    waitingOn.set(socket, calls);
+    socket.once('close', () => {
+      waitingOn.delete(socket);
+      for (const call of calls) call();
+    });
+    waiting = calls;
+  }
+  waiting.add(close);
+}
+
+/** The answer closed by itself: the connection's close has nothing left to do for it. */
+export function noLongerWaiting(socket: Socket, close: () => void): void {
+  waitingOn.get(socket)?.delete(close);
+}
