@@ -1,8 +1,8 @@
 import assert from 'node:assert/strict';
-import { after, before, describe, test } from 'node:test';
+import { describe, test } from 'node:test';
 import { SseSplitter } from '../../src/providers/sse.js';
-import { FakeUpstream } from '../helpers/fake-upstream.js';
-import { entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
+import { behindFakeProvider } from '../helpers/behind-fake.js';
+import { entriesOf, postJson } from '../helpers/gateway.js';
 
 /**
  * Found in review of the relay under a hostile provider: a whole answer's `usage` object of 60
@@ -11,22 +11,13 @@ import { entriesOf, postJson, startGateway, testConfig, type Running } from '../
  * after it; and one event sent a byte or two an HTTP chunk held 17 times its bound in heap.
  */
 describe('regression: a hostile provider on the relay', () => {
-  const up = new FakeUpstream();
-  let gw: Running;
-  before(async () => {
-    const base = await up.start();
-    gw = await startGateway(testConfig({
-      plans: { p: { rpm: 1000, concurrency: 5 } },
-      accounts: { acct_h: { plan: 'p' } },
-      keys: { key_h: { account: 'acct_h', key: 'sk-h' } },
-      models: { gpt: { provider: 'oai', price: { inputPerMillion: 2, outputPerMillion: 8 } } },
-      providers: { oai: { protocol: 'openai', baseUrl: base } },
-    }));
-  });
-  after(async () => {
-    await gw.close();
-    await up.close();
-  });
+  const { up, gw: running } = behindFakeProvider((base) => ({
+    plans: { p: { rpm: 1000, concurrency: 5 } },
+    accounts: { acct_h: { plan: 'p' } },
+    keys: { key_h: { account: 'acct_h', key: 'sk-h' } },
+    models: { gpt: { provider: 'oai', price: { inputPerMillion: 2, outputPerMillion: 8 } } },
+    providers: { oai: { protocol: 'openai', baseUrl: base } },
+  }));
 
   const body = (stream: boolean) => ({ model: 'gpt', stream, max_tokens: 100, messages: [{ role: 'user', content: 'hi' }] });
 
@@ -37,13 +28,13 @@ describe('regression: a hostile provider on the relay', () => {
       res.end(bomb);
     });
     const began = Date.now();
-    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-h', body(false));
+    const res = await postJson(`${running().url}/v1/chat/completions`, 'sk-h', body(false));
     assert.equal(res.status, 200);
     assert.equal((await res.arrayBuffer()).byteLength, bomb.length);
     const ms = Date.now() - began;
     // Parsed whole, it took 5.5 s here.
     assert.ok(ms < 3000, `took ${ms} ms`);
-    assert.equal(entriesOf(gw, 'acct_h').at(-1)!.estimated, true);
+    assert.equal(entriesOf(running(), 'acct_h').at(-1)!.estimated, true);
   });
 
   test('a Chat stream\'s early usage chunk, followed by output, is not final: charged the larger of it and the output relayed', async () => {
@@ -54,10 +45,10 @@ describe('regression: a hostile provider on the relay', () => {
       for (let i = 0; i < 40; i++) text += chunk({ choices: [{ index: 0, delta: { content: 'y'.repeat(1000) }, finish_reason: null }] });
       res.end(`${text}data: [DONE]\n\n`);
     });
-    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-h', body(true));
+    const res = await postJson(`${running().url}/v1/chat/completions`, 'sk-h', body(true));
     assert.equal(res.status, 200);
     await res.text();
-    const charge = entriesOf(gw, 'acct_h').at(-1)!;
+    const charge = entriesOf(running(), 'acct_h').at(-1)!;
     assert.deepEqual([charge.estimated, charge.outputTokens], [true, 10_000], 'the output relayed: 40,000 characters');
   });
 
@@ -68,10 +59,10 @@ describe('regression: a hostile provider on the relay', () => {
       res.end(chunk({ choices: [{ index: 0, delta: { content: 'ok' }, finish_reason: null }] }) + chunk({ choices: [], usage: { prompt_tokens: 5, completion_tokens: 1 } }) +
         chunk({ choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] }) + 'data: [DONE]\n\n');
     });
-    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-h', body(true));
+    const res = await postJson(`${running().url}/v1/chat/completions`, 'sk-h', body(true));
     assert.equal(res.status, 200);
     await res.text();
-    const charge = entriesOf(gw, 'acct_h').at(-1)!;
+    const charge = entriesOf(running(), 'acct_h').at(-1)!;
     assert.deepEqual([charge.estimated, charge.inputTokens, charge.outputTokens], [false, 5, 1]);
   });
 

@@ -1,8 +1,9 @@
 import assert from 'node:assert/strict';
 import type { IncomingHttpHeaders } from 'node:http';
-import { after, before, describe, test } from 'node:test';
-import { FakeUpstream, json } from '../helpers/fake-upstream.js';
-import { entriesOf, postJson, startGateway, testConfig, type Running } from '../helpers/gateway.js';
+import { describe, test } from 'node:test';
+import { json } from '../helpers/fake-upstream.js';
+import { behindFakeProvider } from '../helpers/behind-fake.js';
+import { entriesOf, postJson } from '../helpers/gateway.js';
 
 /**
  * Found in review of translation: a provider's stream of `message_delta` events, each with a
@@ -12,22 +13,13 @@ import { entriesOf, postJson, startGateway, testConfig, type Running } from '../
  * no model's price covers (refused now on a call passed as it is, too).
  */
 describe('regression: translated calls under a hostile provider and client', () => {
-  const up = new FakeUpstream();
-  let gw: Running;
-  before(async () => {
-    const base = await up.start();
-    gw = await startGateway(testConfig({
-      plans: { p: { rpm: 1000, concurrency: 5 } },
-      accounts: { acct_t: { plan: 'p' } },
-      keys: { key_t: { account: 'acct_t', key: 'sk-t' } },
-      models: { claude: { provider: 'ant', price: { inputPerMillion: 3, outputPerMillion: 15 } } },
-      providers: { ant: { protocol: 'anthropic', baseUrl: base } },
-    }));
-  });
-  after(async () => {
-    await gw.close();
-    await up.close();
-  });
+  const { up, gw: running } = behindFakeProvider((base) => ({
+    plans: { p: { rpm: 1000, concurrency: 5 } },
+    accounts: { acct_t: { plan: 'p' } },
+    keys: { key_t: { account: 'acct_t', key: 'sk-t' } },
+    models: { claude: { provider: 'ant', price: { inputPerMillion: 3, outputPerMillion: 15 } } },
+    providers: { ant: { protocol: 'anthropic', baseUrl: base } },
+  }));
 
   const sse = (type: string, data: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
   const start = sse('message_start', { message: { id: 'msg_1', type: 'message', role: 'assistant', model: 'claude', content: [], usage: { input_tokens: 100, output_tokens: 1 } } });
@@ -46,7 +38,7 @@ describe('regression: translated calls under a hostile provider and client', () 
         deltas.join('') + sse('message_delta', { delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 10, input_tokens: null } }) + sse('message_stop', {}));
     });
     const began = Date.now();
-    const res = await postJson(`${gw.url}${call.path}`, 'sk-t', { model: 'claude', stream: true, ...call.body });
+    const res = await postJson(`${running().url}${call.path}`, 'sk-t', { model: 'claude', stream: true, ...call.body });
     assert.equal(res.status, 200);
     const text = await res.text();
     const ms = Date.now() - began;
@@ -54,7 +46,7 @@ describe('regression: translated calls under a hostile provider and client', () 
     // null input count leaves message_start's (found in review: it was shown as 0).
     assert.ok(ms < 4000, `took ${ms} ms`);
     assert.match(text, call.usage);
-    assert.equal(entriesOf(gw, 'acct_t').at(-1)!.amountMicro, -(300 + 150));
+    assert.equal(entriesOf(running(), 'acct_t').at(-1)!.amountMicro, -(300 + 150));
   });
 
   const whole = {
@@ -68,7 +60,7 @@ describe('regression: translated calls under a hostile provider and client', () 
       seen = req.headers;
       json(res, 200, whole);
     });
-    const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-t', { model: 'claude', max_tokens: 50, messages: [{ role: 'user', content: 'hi' }] },
+    const res = await postJson(`${running().url}/v1/chat/completions`, 'sk-t', { model: 'claude', max_tokens: 50, messages: [{ role: 'user', content: 'hi' }] },
       { 'anthropic-beta': 'context-1m-2025-08-07', 'anthropic-version': '2099-01-01' });
     assert.equal(res.status, 200);
     await res.text();
@@ -78,7 +70,7 @@ describe('regression: translated calls under a hostile provider and client', () 
   test('a call passed as it is with the context-1m beta is refused before admission; another beta goes through', async () => {
     const hits = up.hits;
     const body = { model: 'claude', max_tokens: 50, messages: [{ role: 'user', content: 'hi' }] };
-    const refused = await postJson(`${gw.url}/v1/messages`, 'sk-t', body, { 'anthropic-beta': 'prompt-caching-2024-07-31,context-1m-2025-08-07' });
+    const refused = await postJson(`${running().url}/v1/messages`, 'sk-t', body, { 'anthropic-beta': 'prompt-caching-2024-07-31,context-1m-2025-08-07' });
     assert.equal(refused.status, 400);
     const err = (await refused.json()) as { error: { message: string } };
     assert.match(err.error.message, /context-1m/);
@@ -88,7 +80,7 @@ describe('regression: translated calls under a hostile provider and client', () 
       seen = req.headers;
       json(res, 200, whole);
     });
-    const ok = await postJson(`${gw.url}/v1/messages`, 'sk-t', body, { 'anthropic-beta': 'interleaved-thinking-2025-05-14' });
+    const ok = await postJson(`${running().url}/v1/messages`, 'sk-t', body, { 'anthropic-beta': 'interleaved-thinking-2025-05-14' });
     assert.equal(ok.status, 200);
     await ok.text();
     assert.equal(seen!['anthropic-beta'], 'interleaved-thinking-2025-05-14');
