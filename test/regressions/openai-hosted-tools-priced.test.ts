@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import type { ServerResponse } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import { estimateInputTokens } from '../../src/billing/estimate.js';
 import { FakeUpstream, json } from '../helpers/fake-upstream.js';
@@ -117,18 +118,28 @@ describe('regression: OpenAI hosted tools are charged or refused', () => {
     });
   }
 
-  test('a web search bounded by max_tool_calls reserves its searches: 500 of them ($5) leave a prepaid $5 account nothing while it runs', async () => {
-    let answer: (() => void) | null = null;
+  /**
+   * While `searching` (a call the provider holds until told) runs, `other` on the same key is
+   * refused 402: the first reserved what it may cost. Then the held call is answered.
+   */
+  async function reservedWhileRunning(path: string, key: string, searching: unknown, other: unknown, answer: (res: ServerResponse) => void): Promise<void> {
+    let release: (() => void) | null = null;
     up.queue.push((_req, res) => {
-      answer = () => json(res, 200, response([message]));
+      release = () => answer(res);
     });
-    const searching = postJson(`${gw.url}/v1/responses`, 'sk-pre', body(false, { max_tool_calls: 500 }));
-    await until(() => answer !== null, 5000, 'the searching call upstream');
-    const refused = await postJson(`${gw.url}/v1/responses`, 'sk-pre', body(false, { tools: [] }));
+    const running = postJson(`${gw.url}${path}`, key, searching);
+    await until(() => release !== null, 5000, 'the searching call upstream');
+    const refused = await postJson(`${gw.url}${path}`, key, other);
     assert.equal(refused.status, 402);
     await refused.text();
-    answer!();
-    assert.equal((await searching).status, 200);
+    release!();
+    const done = await running;
+    assert.equal(done.status, 200);
+    await done.text();
+  }
+
+  test('a web search bounded by max_tool_calls reserves its searches: 500 of them ($5) leave a prepaid $5 account nothing while it runs', async () => {
+    await reservedWhileRunning('/v1/responses', 'sk-pre', body(false, { max_tool_calls: 500 }), body(false, { tools: [] }), (res) => json(res, 200, response([message])));
     up.queue.push((_req, res) => json(res, 200, response([message])));
     const next = await postJson(`${gw.url}/v1/responses`, 'sk-pre', body(false, { tools: [] }));
     assert.equal(next.status, 200, 'admitted again once the reservation is settled');
@@ -136,17 +147,8 @@ describe('regression: OpenAI hosted tools are charged or refused', () => {
   });
 
   test('a web search nothing bounds (no max_tool_calls) reserves 5 searches: while one runs, a prepaid account with 3 cents has nothing left (it reserved none before)', async () => {
-    let answer: (() => void) | null = null;
-    up.queue.push((_req, res) => {
-      answer = () => json(res, 200, response([message]));
-    });
-    const searching = postJson(`${gw.url}/v1/responses`, 'sk-few', body(false, { max_output_tokens: 10 }));
-    await until(() => answer !== null, 5000, 'the searching call upstream');
-    const refused = await postJson(`${gw.url}/v1/responses`, 'sk-few', body(false, { tools: [], max_output_tokens: 10 }));
-    assert.equal(refused.status, 402);
-    await refused.text();
-    answer!();
-    assert.equal((await searching).status, 200);
+    await reservedWhileRunning('/v1/responses', 'sk-few', body(false, { max_output_tokens: 10 }), body(false, { tools: [], max_output_tokens: 10 }),
+      (res) => json(res, 200, response([message])));
   });
 
   // Chat Completions' search models bill a search a call (their usage does not say): a
@@ -241,20 +243,10 @@ describe('regression: OpenAI hosted tools are charged or refused', () => {
   });
 
   test('the search is reserved: while one runs, a prepaid account with half a cent has nothing left for another call', async () => {
-    let answer: (() => void) | null = null;
-    const plainAnswer = (res: import('node:http').ServerResponse) => json(res, 200, {
-      id: 'c4', object: 'chat.completion', model: 'gpt', usage: chatUsage, choices: [{ index: 0, message: { role: 'assistant', content: 'ok' }, finish_reason: 'stop' }],
-    });
-    up.queue.push((_req, res) => {
-      answer = () => plainAnswer(res);
-    });
-    const searching = postJson(`${gw.url}/v1/chat/completions`, 'sk-cent', chatBody(false, { max_completion_tokens: 10 }));
-    await until(() => answer !== null, 5000, 'the searching call upstream');
-    const refused = await postJson(`${gw.url}/v1/chat/completions`, 'sk-cent', chatBody(false, { max_completion_tokens: 10, web_search_options: undefined }));
-    assert.equal(refused.status, 402);
-    await refused.text();
-    answer!();
-    assert.equal((await searching).status, 200);
+    await reservedWhileRunning('/v1/chat/completions', 'sk-cent', chatBody(false, { max_completion_tokens: 10 }),
+      chatBody(false, { max_completion_tokens: 10, web_search_options: undefined }), (res) => json(res, 200, {
+        id: 'c4', object: 'chat.completion', model: 'gpt', usage: chatUsage, choices: [{ index: 0, message: { role: 'assistant', content: 'ok' }, finish_reason: 'stop' }],
+      }));
   });
 
   // Anthropic bills code execution by the container-hour, which no model price covers.
