@@ -80,9 +80,44 @@ export function unpricedTool(body: Record<string, unknown>, unpriced: (type: str
   return null;
 }
 
-/** The checks every model call shares: a JSON object with a model, and a boolean `stream`. Null when they pass. */
+/**
+ * Output limits that OpenAI- and Anthropic-compatible servers read under names of their own
+ * (llama.cpp's `n_predict`, which wins over `max_tokens` and takes -1 for no limit; TGI's
+ * `max_new_tokens`; Ollama's `num_predict`): the gateway reserves by the API's names only, so a
+ * call passed on with one of these could generate far past what it reserved (found in review).
+ */
+const FOREIGN_OUTPUT_LIMITS = new Set(['n_predict', 'max_new_tokens', 'num_predict']);
+
+/**
+ * A top-level key the gateway would not read as the provider might, or null. Every field of
+ * both APIs is lowercase letters, digits and underscores; a compatible server written in Go
+ * (Ollama) matches keys ignoring case, Unicode folds included (K, the Kelvin sign, is k), so
+ * `"Model"` or `"MAX_TOKENS"` beside the checked field would pick its model or output limit
+ * there, past the gateway's checks (found in review).
+ */
+function foreignKey(body: Record<string, unknown>): Checked | null {
+  for (const key in body) {
+    for (let i = 0; i < key.length; i++) {
+      const c = key.charCodeAt(i);
+      if ((c >= 97 && c <= 122) || c === 95 || (c >= 48 && c <= 57)) continue;
+      const shown = JSON.stringify(key.length > 64 ? `${key.slice(0, 64)}…` : key);
+      return bad(key.slice(0, 64), `${shown} is not a field of this API: request fields are written in lowercase letters, digits and underscores.`);
+    }
+    if (FOREIGN_OUTPUT_LIMITS.has(key)) {
+      return bad(key, `"${key}" sets an output limit this gateway does not read: use the API's own field ("max_tokens", "max_completion_tokens" or "max_output_tokens").`);
+    }
+  }
+  return null;
+}
+
+/**
+ * The checks every model call shares: a JSON object with a model, and a boolean `stream`, whose
+ * top-level keys are written as the API writes them. Null when they pass.
+ */
 export function checkBasics(body: unknown): Checked | null {
   if (!isObj(body)) return bad('', 'The request body must be a JSON object.');
+  const foreign = foreignKey(body);
+  if (foreign !== null) return foreign;
   if (typeof body.model !== 'string' || body.model === '') return bad('model', '"model" is required and must be a non-empty string.');
   if (body.stream !== undefined && body.stream !== null && typeof body.stream !== 'boolean') return bad('stream', '"stream" must be true or false.');
   return null;
@@ -113,6 +148,18 @@ export function outputLimits(body: Record<string, unknown>, names: readonly stri
     limits.push([name, value]);
   }
   return limits;
+}
+
+/**
+ * The largest of the output limits set, or null: the one to reserve by. A provider may honour
+ * any of them (OpenAI refuses two, vLLM takes `max_completion_tokens`, Ollama only
+ * `max_tokens`), so `{"max_completion_tokens": 1, "max_tokens": 128000}` reserved 1 (found in
+ * review).
+ */
+export function largestLimit(limits: ReadonlyArray<readonly [string, number]>): number | null {
+  let largest: number | null = null;
+  for (const [, value] of limits) if (largest === null || value > largest) largest = value;
+  return largest;
 }
 
 // --- the mock's writing ------------------------------------------------------------------------

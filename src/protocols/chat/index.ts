@@ -1,6 +1,6 @@
 import type { Usage } from '../../money.js';
 import {
-  ABSENT, bad, checkBasics, checkMessages, checkServiceTier, count, echo, INVALID, isObj, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
+  ABSENT, bad, checkBasics, checkMessages, checkServiceTier, count, echo, INVALID, isObj, largestLimit, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
   sendJson, textChars, tokensOf, withModel,
 } from '../common.js';
 import { prependTopLevel } from '../splice.js';
@@ -113,7 +113,7 @@ export const chat: WireProtocol = {
     return {
       ok: true,
       call: {
-        body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices, audio: audioAsked(b),
+        body: b, model: b.model as string, stream: b.stream === true, maxTokens: largestLimit(limits), limits, choices, audio: audioAsked(b),
         // Any value: the provider judges it, and a refusal is free.
         searchesPerCall: b.web_search_options != null ? 1 : 0,
       },
