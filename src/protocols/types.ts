@@ -80,6 +80,11 @@ export interface WireProtocol {
    * searches are its output items): it is then parsed whole. Absent: never.
    */
   billsOutsideUsage?(answer: Buffer): boolean;
+  /**
+   * The web searches a complete JSON answer lists, for an answer whose usage cannot be believed:
+   * they are billed all the same (found in review: only the estimate's tokens were). Absent: none.
+   */
+  searchesOf?(json: unknown): number;
   /** Characters of generated output in a complete JSON answer (its estimate when usage is missing). */
   outputChars(json: unknown): number;
   /** A watcher for one stream; it also counts generated characters for estimates. */

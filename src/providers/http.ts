@@ -440,7 +440,11 @@ export class HttpProvider implements Provider {
           }
           try {
             usage = wire.usage(json);
-            if (usage === null) ex.noteOutput(wire.outputChars(json)); // charged as an estimate
+            if (usage === null) {
+              ex.noteOutput(wire.outputChars(json)); // charged as an estimate
+              const searches = wire.searchesOf?.(json) ?? 0;
+              if (searches > 0) ex.noteUsage({ inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: searches });
+            }
           } catch {
             // Nested too deeply to walk: an answer the client cannot be given either.
             ex.upstreamFailed('garbage');

@@ -120,6 +120,27 @@ export function eventName(event: string): string | null {
   return end < 0 ? event.slice(at) : event.slice(at, end);
 }
 
+const TYPE_FIRST = '{"type":"';
+
+/**
+ * Whether an event's data is one line whose first member is `"type":"<name>"`, the way OpenAI
+ * writes every event: only then may a watcher skip it by its `event:` name. A name is the
+ * server's word, and a client goes by the data's `type` (found in review: text deltas labelled
+ * `response.in_progress` were relayed unmetered). Cheap: no copy, and a search for a second data
+ * line. (A second `type` key inside the line, which JSON.parse would take, is not looked for.)
+ */
+export function dataTypeIs(event: string, name: string): boolean {
+  let at = 0;
+  if (!event.startsWith('data:')) {
+    at = event.indexOf('\ndata:') + 1;
+    if (at === 0) return false;
+  }
+  at += event.charCodeAt(at + 5) === 32 ? 6 : 5;
+  if (!event.startsWith(TYPE_FIRST, at) || !event.startsWith(name, at + TYPE_FIRST.length)) return false;
+  if (event.charCodeAt(at + TYPE_FIRST.length + name.length) !== 34) return false;
+  return event.indexOf('\ndata:', at) < 0;
+}
+
 /** The `data:` payload of an event (multi-line data joined with "\n"), or null when it has none. */
 export function eventData(event: string): string | null {
   // Line by line with indexOf, not split: every event of a stream comes here (the metering

@@ -37,6 +37,9 @@ export function messagesUsage(u: unknown, before: Usage | null): Usage | null {
   return next.inputTokens < 0 || next.outputTokens < 0 ? null : next;
 }
 
+/** What a stream has reported before its first usage: nothing. */
+const NOTHING_YET: Usage = Object.freeze({ inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 });
+
 /** What message_start's usage is merged into: its input is required, its output count may be absent. */
 const NO_OUTPUT_YET: Usage = Object.freeze({ inputTokens: -1, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 });
 
@@ -115,7 +118,16 @@ export const messages: WireProtocol = {
 
   watch(ex) {
     let usage: Usage | null = null;
+    // Final from message_delta's count, until output comes after it (found in review: an early
+    // message_delta of 1 output token was charged as final for 40,000 characters after it).
     let final = false;
+    // Web searches the model started: billed even if the stream ends before message_delta gives
+    // the count, and a count lower than this is not believed (found in review: a count of 0
+    // after two searches, or a search before any usage, was charged none).
+    let searches = 0;
+    const withSearches = (u: Usage): Usage => (searches > (u.webSearches ?? 0) ? { ...u, webSearches: searches } : u);
+    // Before any usage, an abnormal end is charged the input estimate, the output relayed, and the searches.
+    const note = () => ex.noteUsage(withSearches(usage ?? NOTHING_YET));
     return {
       see(event) {
         const data = eventData(event);
@@ -129,6 +141,7 @@ export const messages: WireProtocol = {
         if (msg instanceof TextDelta) {
           // Most events of a long answer, counted without JSON.parse.
           ex.noteOutput(msg.chars);
+          if (msg.chars > 0) final = false;
           return { forward: true, final: false };
         }
         if (!isObj(msg)) return { forward: true, final: false };
@@ -139,7 +152,7 @@ export const messages: WireProtocol = {
             const seen = isObj(msg.message) ? messagesUsage(msg.message.usage, NO_OUTPUT_YET) : null;
             if (seen !== null) {
               usage = seen;
-              ex.noteUsage(seen);
+              note();
             }
             break;
           }
@@ -150,24 +163,26 @@ export const messages: WireProtocol = {
             if (seen !== null) {
               usage = seen;
               final = true;
-              ex.noteUsage(seen);
+              note();
             }
             break;
           }
           case 'content_block_start': {
-            // A web search the model ran: billed even if the stream ends before message_delta
-            // gives the count (found in review: a client leaving then was charged no search).
             const block = isObj(msg.content_block) ? msg.content_block : {};
-            if (block.type === 'server_tool_use' && block.name === 'web_search' && usage !== null) {
-              usage = { ...usage, webSearches: (usage.webSearches ?? 0) + 1 };
-              ex.noteUsage(usage);
+            if (block.type === 'server_tool_use' && block.name === 'web_search') {
+              searches++;
+              note();
             }
             break;
           }
           case 'content_block_delta': {
             const d = isObj(msg.delta) ? msg.delta : {};
             for (const field of ['text', 'thinking', 'partial_json']) {
-              if (typeof d[field] === 'string') ex.noteOutput((d[field] as string).length);
+              const piece = d[field];
+              if (typeof piece === 'string' && piece.length > 0) {
+                ex.noteOutput(piece.length);
+                final = false;
+              }
             }
             break;
           }
@@ -176,7 +191,7 @@ export const messages: WireProtocol = {
         }
         return { forward: true, final: false };
       },
-      usage: () => (final ? usage : null),
+      usage: () => (final && usage !== null ? withSearches(usage) : null),
     };
   },
 

@@ -1,5 +1,5 @@
 import type { Usage } from '../../money.js';
-import { eventData, eventName } from '../../providers/sse.js';
+import { dataTypeIs, eventData, eventName } from '../../providers/sse.js';
 import {
   ABSENT, bad, checkBasics, checkServiceTier, count, echo, INVALID, isObj, modelSwapped, outputLimits, partsText, pieces, pump, sendJson, sseEvent,
   textChars, tokensOf, unpricedTool,
@@ -134,6 +134,8 @@ export const responses: WireProtocol = {
 
   billsOutsideUsage: (answer) => answer.includes(WEB_SEARCH_CALL),
 
+  searchesOf: (json) => (isObj(json) ? searchesIn(json.output) : 0),
+
   outputChars: (json) => (isObj(json) ? textChars(json.output, OUTPUT) : 0),
 
   watch(ex) {
@@ -147,18 +149,20 @@ export const responses: WireProtocol = {
       } catch {
         return;
       }
-      if (isObj(msg) && isObj(msg.item) && msg.item.type === 'web_search_call') searched();
+      if (isObj(msg) && isObj(msg.item) && msg.item.type === 'web_search_call') searched(searches + 1);
     };
-    const searched = () => {
+    const searched = (n: number) => {
+      searches = n;
       // No tokens reported yet: an abnormal end is charged the input estimate, the output relayed, and these.
-      ex.noteUsage({ inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: ++searches });
+      ex.noteUsage({ inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: n });
     };
     return {
       see(event) {
-        // Known events that only pass through, some of them large, are skipped by name unparsed;
-        // anything else (an unknown or odd name, or none) is read from its data's `type`.
+        // Known events that only pass through, some of them large, are skipped by name unparsed
+        // when their data says the same type first; anything else (an unknown or odd name, or
+        // none, or data of another type) is read from its data's `type`.
         const name = eventName(event);
-        if (name !== null && PASSING.has(name)) {
+        if (name !== null && PASSING.has(name) && dataTypeIs(event, name)) {
           // A web search that ran is billed even if the stream ends before its usage (looked
           // for in the event's text first: most items added are messages).
           if (name === 'response.output_item.added' && event.includes('web_search_call')) searchStarted(event);
@@ -175,7 +179,7 @@ export const responses: WireProtocol = {
         if (!isObj(msg) || typeof msg.type !== 'string') return PASS;
         if (msg.type === 'response.output_item.added') {
           // (Named events are looked at above; this one came without its name.)
-          if (isObj(msg.item) && msg.item.type === 'web_search_call') searched();
+          if (isObj(msg.item) && msg.item.type === 'web_search_call') searched(searches + 1);
           return PASS;
         }
         if (DELTAS.has(msg.type)) {
@@ -186,6 +190,11 @@ export const responses: WireProtocol = {
           // The searches seen started count even when the final response leaves them out.
           if (usage !== null && searches > (usage.webSearches ?? 0)) usage.webSearches = searches;
           if (usage !== null) ex.noteUsage(usage);
+          else if (isObj(msg.response)) {
+            // Usage not believable: an estimate, with the searches the response lists (found in review).
+            const listed = searchesIn(msg.response.output);
+            if (listed > searches) searched(listed);
+          }
           return { forward: true, final: true };
         }
         return PASS;

@@ -1,0 +1,134 @@
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import { json } from '../helpers/fake-upstream.js';
+import { behindFakeProvider } from '../helpers/behind-fake.js';
+import { entriesOf, postJson } from '../helpers/gateway.js';
+
+/**
+ * Found in review of metering on the Responses and Messages relays under a broken or hostile
+ * provider: Responses events skipped by their `event:` name carried text deltas the client
+ * read (its SDK goes by the data's `type`), so they were relayed unmetered; a Messages stream's
+ * early `message_delta` (1 output token) was final for all the text after it; and web searches
+ * were lost when the usage could not be believed, or when a final count said fewer than ran.
+ */
+describe('regression: metering under a broken provider (Responses and Messages)', () => {
+  const price = { inputPerMillion: 2, outputPerMillion: 8, webSearchPerThousand: 10 };
+  const { up, gw } = behindFakeProvider((base) => ({
+    plans: { p: { rpm: 1000, concurrency: 5 } },
+    accounts: { acct_m: { plan: 'p' } },
+    keys: { key_m: { account: 'acct_m', key: 'sk-m' } },
+    models: { gpt: { provider: 'oai', price }, claude: { provider: 'ant', price } },
+    providers: { oai: { protocol: 'openai', baseUrl: base }, ant: { protocol: 'anthropic', baseUrl: base } },
+  }));
+
+  const lastCharge = () => entriesOf(gw(), 'acct_m').at(-1)!;
+  const named = (name: string, data: Record<string, unknown>) => `event: ${name}\ndata: ${JSON.stringify(data)}\n\n`;
+  const respond = (body: string) => up.queue.push((_req, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' });
+    res.end(body);
+  });
+  const responses = (extra: Record<string, unknown> = {}) => ({ model: 'gpt', stream: true, input: 'hi', max_output_tokens: 20_000, ...extra });
+  const usage = { input_tokens: 100, input_tokens_details: { cached_tokens: 0 }, output_tokens: 10, output_tokens_details: { reasoning_tokens: 0 }, total_tokens: 110 };
+  const completed = (output: unknown[], u: unknown) => ({ type: 'response.completed', response: { id: 'r', object: 'response', status: 'completed', output, usage: u } });
+  const searchItem = { type: 'web_search_call', id: 'ws', status: 'completed', action: { type: 'search', query: 'q' } };
+
+  test('Responses: text deltas labelled response.in_progress are metered by their data\'s type; the stream cut, charged the output relayed', async () => {
+    let text = named('response.created', { type: 'response.created', response: { id: 'r', status: 'in_progress' } });
+    for (let i = 0; i < 40; i++) text += named('response.in_progress', { type: 'response.output_text.delta', item_id: 'm', output_index: 0, content_index: 0, delta: 'y'.repeat(1000) });
+    respond(text); // and no final event: cut
+    const res = await postJson(`${gw().url}/v1/responses`, 'sk-m', responses());
+    assert.equal(res.status, 200);
+    assert.equal((await res.text()).split('yyyy').length > 1, true);
+    const charge = lastCharge();
+    assert.deepEqual([charge.estimated, charge.outputTokens], [true, 10_000], 'the 40,000 characters relayed');
+  });
+
+  test('Responses: a response.completed labelled response.in_progress is the final event: charged from its usage', async () => {
+    respond(named('response.created', { type: 'response.created', response: { id: 'r', status: 'in_progress' } }) +
+      named('response.output_text.delta', { type: 'response.output_text.delta', item_id: 'm', output_index: 0, content_index: 0, delta: 'ok' }) +
+      named('response.in_progress', completed([], usage)));
+    const res = await postJson(`${gw().url}/v1/responses`, 'sk-m', responses());
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = lastCharge();
+    assert.deepEqual([charge.estimated, charge.inputTokens, charge.outputTokens], [false, 100, 10]);
+  });
+
+  test('Responses: a whole answer listing 3 searches, its usage null, is charged the searches with its estimate', async () => {
+    up.queue.push((_req, res) => json(res, 200, { id: 'r', object: 'response', status: 'completed', output: [searchItem, searchItem, searchItem], usage: null }));
+    const res = await postJson(`${gw().url}/v1/responses`, 'sk-m', responses({ stream: false }));
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = lastCharge();
+    // $10 a thousand searches: 10,000 micro-dollars each, and a few for the estimate's tokens.
+    assert.equal(charge.estimated, true);
+    assert.ok(-charge.amountMicro >= 30_000 && -charge.amountMicro < 30_100, String(charge.amountMicro));
+  });
+
+  test('Responses: a stream whose final response lists 2 searches, its usage null, is charged the searches', async () => {
+    respond(named('response.created', { type: 'response.created', response: { id: 'r', status: 'in_progress' } }) +
+      named('response.completed', completed([searchItem, searchItem], null)));
+    const res = await postJson(`${gw().url}/v1/responses`, 'sk-m', responses());
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = lastCharge();
+    assert.equal(charge.estimated, true);
+    assert.ok(-charge.amountMicro >= 20_000 && -charge.amountMicro < 20_100, String(charge.amountMicro));
+  });
+
+  const messages = { model: 'claude', stream: true, max_tokens: 20_000, messages: [{ role: 'user', content: 'hi' }] };
+  const start = named('message_start', { type: 'message_start', message: { id: 'msg', type: 'message', role: 'assistant', content: [], usage: { input_tokens: 100, output_tokens: 1 } } });
+  const textDelta = (text: string) => named('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text } });
+
+  for (const [endpoint, path, body] of [['messages', '/v1/messages', messages], ['a translated chat call', '/v1/chat/completions', { ...messages, stream_options: { include_usage: true } }]] as const) {
+    test(`${endpoint}: an early message_delta (1 output token), then 40,000 characters: charged the output relayed`, async () => {
+      let text = start + named('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: '' } }) +
+        named('message_delta', { type: 'message_delta', delta: {}, usage: { output_tokens: 1 } });
+      for (let i = 0; i < 40; i++) text += textDelta('y'.repeat(1000));
+      respond(`${text}${named('content_block_stop', { type: 'content_block_stop', index: 0 })}${named('message_stop', { type: 'message_stop' })}`);
+      const res = await postJson(`${gw().url}${path}`, 'sk-m', body);
+      assert.equal(res.status, 200);
+      await res.text();
+      const charge = lastCharge();
+      assert.deepEqual([charge.estimated, charge.outputTokens], [true, 10_000]);
+    });
+  }
+
+  test('messages: a message_delta after more output is final again (a later count covers it all)', async () => {
+    respond(start + named('message_delta', { type: 'message_delta', delta: {}, usage: { output_tokens: 1 } }) + textDelta('y'.repeat(400)) +
+      named('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 150 } }) + named('message_stop', { type: 'message_stop' }));
+    const res = await postJson(`${gw().url}/v1/messages`, 'sk-m', messages);
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = lastCharge();
+    assert.deepEqual([charge.estimated, charge.outputTokens], [false, 150]);
+  });
+
+  test('messages: two searches, then a final count of 0 searches: charged the 2 that ran', async () => {
+    const search = (index: number) => named('content_block_start', { type: 'content_block_start', index, content_block: { type: 'server_tool_use', id: `s${index}`, name: 'web_search', input: {} } });
+    respond(start + search(0) + search(1) +
+      named('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 10, server_tool_use: { web_search_requests: 0 } } }) +
+      named('message_stop', { type: 'message_stop' }));
+    const res = await postJson(`${gw().url}/v1/messages`, 'sk-m', messages);
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = lastCharge();
+    assert.deepEqual([charge.estimated, charge.amountMicro], [false, -(100 * 2 + 10 * 8 + 20_000)]);
+  });
+});
+
+describe('dataTypeIs: a name is trusted only when the data says the same type first, on one line', () => {
+  test('cases', async () => {
+    const { dataTypeIs } = await import('../../src/providers/sse.js');
+    const name = 'response.output_text.done';
+    assert.equal(dataTypeIs(`event: ${name}\ndata: {"type":"${name}","text":"x"}`, name), true);
+    assert.equal(dataTypeIs(`data: {"type":"${name}"}`, name), true);
+    assert.equal(dataTypeIs(`event: ${name}\ndata:{"type":"${name}"}`, name), true);
+    assert.equal(dataTypeIs(`event: ${name}\ndata: {"type":"${name}x"}`, name), false);
+    assert.equal(dataTypeIs(`event: ${name}\ndata: {"type":"response.output_text.delta","delta":"x"}`, name), false);
+    assert.equal(dataTypeIs(`event: ${name}\ndata: {"delta":"x","type":"${name}"}`, name), false);
+    assert.equal(dataTypeIs(`event: ${name}`, name), false);
+    // A second data line could carry a later `type` (JSON.parse keeps the last).
+    assert.equal(dataTypeIs(`event: ${name}\ndata: {"type":"${name}",\ndata: "type":"response.output_text.delta","delta":"x"}`, name), false);
+  });
+});
