@@ -17,7 +17,7 @@ export const ERRORS = {
   invalid_json: { status: 400, type: 'invalid_request_error', retry: false, message: 'The request body is not valid JSON.' },
   invalid_idempotency_key: {
     status: 400, type: 'invalid_request_error', retry: false,
-    message: 'Idempotency-Key must be 1 to 255 visible ASCII characters.',
+    message: 'Idempotency-Key must be one value of 1 to 255 visible ASCII characters.',
   },
   missing_api_key: {
     status: 401, type: 'authentication_error', retry: false,

@@ -84,7 +84,11 @@ export class RequestContext {
           }
           break;
         case 15:
-          if (name === 'idempotency-key' || name === 'Idempotency-Key' || name.toLowerCase() === 'idempotency-key') idempotencyKey = raw[i + 1];
+          if (name === 'idempotency-key' || name === 'Idempotency-Key' || name.toLowerCase() === 'idempotency-key') {
+            // Two different values: neither is the key (a proxy in front may go by the first,
+            // the gateway went by the last: found in review). '' is refused as invalid.
+            idempotencyKey = idempotencyKey !== undefined && idempotencyKey !== raw[i + 1] ? '' : raw[i + 1];
+          }
           break;
       }
     }

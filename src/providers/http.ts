@@ -30,14 +30,24 @@ const MAX_ERROR_BYTES = 64 * 1024;
 // Connection pools live as long as the process and are shared across config reloads, keyed by
 // origin, so a reload neither drops warm connections nor leaks old pools.
 const pools = new Map<string, ConnectionPool>();
-function poolFor(url: URL, hostname: string, port: number): ConnectionPool {
-  let pool = pools.get(url.origin);
+function poolFor(url: URL, hostname: string, port: number, forCounts: boolean): ConnectionPool {
+  const name = forCounts ? `count ${url.origin}` : url.origin;
+  let pool = pools.get(name);
   if (pool === undefined) {
-    pool = new ConnectionPool({ protocol: url.protocol === 'https:' ? 'https:' : 'http:', hostname, port });
-    pools.set(url.origin, pool);
+    pool = new ConnectionPool({ protocol: url.protocol === 'https:' ? 'https:' : 'http:', hostname, port }, forCounts ? { maxSockets: COUNT_SOCKETS } : {});
+    pools.set(name, pool);
   }
   return pool;
 }
+
+/**
+ * Token counts go over a small pool of their own per origin. A count holds no slot (CONTRACT
+ * section 8), so one key's burst of counts could otherwise take every socket of the origin's
+ * pool and keep other accounts' model calls waiting for one (found in review: 3,000 counts of
+ * a plan without an RPM limit held 1,024 sockets, and a call waited 2.9 s). Counts beyond these
+ * wait within their own timeout.
+ */
+const COUNT_SOCKETS = 64;
 
 /** Puts a pool of one's own in place for an origin before its first call (tests: a small one). */
 export function useOriginPool(origin: string, pool: ConnectionPool): void {
@@ -59,13 +69,13 @@ interface Target {
   host: string;
 }
 
-function targetOf(url: URL): Target {
+function targetOf(url: URL, forCounts = false): Target {
   const https = url.protocol === 'https:';
   const hostname = url.hostname.startsWith('[') ? url.hostname.slice(1, -1) : url.hostname;
   const port = Number(url.port) || (https ? 443 : 80);
   return {
     send: https ? httpsRequest : httpRequest,
-    agent: poolFor(url, hostname, port) as unknown as HttpAgent,
+    agent: poolFor(url, hostname, port, forCounts) as unknown as HttpAgent,
     hostname,
     port,
     path: url.pathname + url.search,
@@ -158,7 +168,7 @@ export class HttpProvider implements Provider {
     this.timeouts = new Watchlist(config.timeoutMs);
     this.credentials = config.apiKeys.map((key) => credential(config.authHeader ?? kind.authHeader, key));
     for (const [endpoint, path] of Object.entries(kind.paths)) this.targets.set(endpoint, targetOf(new URL(config.baseUrl + path)));
-    this.countTarget = kind.countTokensPath === null ? null : targetOf(new URL(config.baseUrl + kind.countTokensPath));
+    this.countTarget = kind.countTokensPath === null ? null : targetOf(new URL(config.baseUrl + kind.countTokensPath), true);
   }
 
   get canCount(): boolean {

@@ -4,6 +4,7 @@ import { estimateInputTokens, MAX_DEPTH } from '../billing/estimate.js';
 import { readBody } from '../http/body.js';
 import { bodyShapeProblem } from '../http/body-shape.js';
 import type { RequestContext } from '../http/context.js';
+import { noLongerWaiting, whenConnectionCloses } from '../http/pipelined.js';
 import { baseHeaders, sendError, sendErrorSpec } from '../http/reply.js';
 import type { AccountLimits, KeyLimits } from '../limiter/types.js';
 import { checkBasics, checkMessages } from '../protocols/common.js';
@@ -79,11 +80,33 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         });
       }
       gw.admit(ctx, res, gw.limiter.admitInstant(counting(key.account), countingKey(key), null), () => {
+        // A pipelined count waits behind another answer with no socket of its own: its
+        // connection's close stands for its own (see http/pipelined.ts).
+        const queued = res.socket === null ? req.socket : null;
+        if (res.closed || queued?.destroyed === true) {
+          // The client left while a remote limiter decided: nothing goes upstream (found in review).
+          ctx.status = 499;
+          return gw.done(ctx);
+        }
         let stops: Array<() => void> = [];
-        res.on('close', () => {
-          if (!res.writableFinished) for (const stop of stops) stop();
+        // Answered, failed or abandoned: exactly one of them, and one access-log line (found in
+        // review: a client that left mid-count stopped the count and logged nothing).
+        let over = false;
+        const end = (): boolean => {
+          if (over) return false;
+          over = true;
+          if (queued !== null) noLongerWaiting(queued, abandon);
+          return true;
+        };
+        const abandon = () => {
+          if (!end()) return;
+          for (const stop of stops) stop();
           stops = [];
-        });
+          ctx.status = 499;
+          gw.done(ctx);
+        };
+        res.once('close', abandon);
+        if (queued !== null) whenConnectionCloses(queued, abandon);
         const request: CountRequest = {
           body: b, model, requestId: ctx.id,
           header: (name) => {
@@ -91,6 +114,7 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
             return Array.isArray(value) ? value[0] : value;
           },
           answer(json) {
+            if (!end()) return;
             const headers = baseHeaders(ctx, 'application/json');
             headers.push('content-length', String(Buffer.byteLength(json)));
             ctx.status = 200;
@@ -98,8 +122,12 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
             res.end(json);
             gw.done(ctx);
           },
-          fail: (code, details) => sendError(ctx, res, code, gw.done, details),
-          failWith: (code, spec, message) => sendErrorSpec(ctx, res, code, spec, gw.done, { message }),
+          fail: (code, details) => {
+            if (end()) sendError(ctx, res, code, gw.done, details);
+          },
+          failWith: (code, spec, message) => {
+            if (end()) sendErrorSpec(ctx, res, code, spec, gw.done, { message });
+          },
           onAbort: (stop) => { stops.push(stop); },
         };
         provider.countTokens(request);

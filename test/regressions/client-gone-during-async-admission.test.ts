@@ -11,6 +11,7 @@ import { MemoryLimiter } from '../../src/limiter/memory.js';
 import type { Decision, Limiter } from '../../src/limiter/types.js';
 import { Logger } from '../../src/log.js';
 import { createGatewayServer, listen } from '../../src/server.js';
+import { FakeUpstream } from '../helpers/fake-upstream.js';
 import { chatBody, entriesOf, testConfig, until } from '../helpers/gateway.js';
 
 test('a client gone while admission is awaited leaves nothing held, sends nothing upstream and is not charged', async () => {
@@ -44,5 +45,40 @@ test('a client gone while admission is awaited leaves nothing held, sends nothin
     server.closeAllConnections();
     await new Promise((r) => server.close(r));
     memory.close();
+  }
+});
+
+test('a count_tokens whose client left while admission was awaited is not sent upstream, and is logged 499 (found in review)', async () => {
+  const up = new FakeUpstream();
+  const base = await up.start();
+  const memory = new MemoryLimiter(systemClock);
+  const slow = Object.create(memory) as Limiter;
+  slow.admitInstant = (...args: Parameters<Limiter['admitInstant']>) =>
+    new Promise<Decision>((resolve) => setTimeout(() => resolve(memory.admitInstant(...args) as Decision), 150));
+  const config = validateConfig(testConfig({
+    models: { ...(testConfig().models as object), claude: { provider: 'ant', price: 'free' } },
+    providers: { ...(testConfig().providers as object), ant: { protocol: 'anthropic', baseUrl: base } },
+  }), { baseDir: '/', env: {} });
+  assert.ok(config.ok);
+  const logs: string[] = [];
+  const gateway = new Gateway(config.config, { limiter: slow, logger: new Logger((t) => logs.push(t)) });
+  const server = createGatewayServer(gateway);
+  const url = await listen(server, 0, '127.0.0.1');
+  try {
+    await new Promise<void>((resolve) => {
+      const req = request(`${url}/v1/messages/count_tokens`, {
+        method: 'POST', headers: { 'x-api-key': 'sk-bob', 'content-type': 'application/json' },
+      });
+      req.on('error', () => resolve());
+      req.end(JSON.stringify({ model: 'claude', messages: [{ role: 'user', content: 'hi' }] }));
+      setTimeout(() => { req.destroy(); resolve(); }, 50);
+    });
+    await until(() => logs.join('').includes('"status":499'), 2000, 'the count to end');
+    assert.equal(up.hits, 0, 'never sent upstream');
+  } finally {
+    server.closeAllConnections();
+    await new Promise((r) => server.close(r));
+    memory.close();
+    await up.close();
   }
 });

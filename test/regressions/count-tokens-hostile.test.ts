@@ -1,0 +1,89 @@
+import assert from 'node:assert/strict';
+import { request } from 'node:http';
+import { after, before, describe, test } from 'node:test';
+import { useOriginPool } from '../../src/providers/http.js';
+import { ConnectionPool } from '../../src/providers/pool.js';
+import { anthropicMessage, FakeUpstream, json } from '../helpers/fake-upstream.js';
+import { accessLog, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+
+/**
+ * Found in review of count_tokens and the Idempotency-Key under a client with a valid key: a
+ * count holds no slot, so one key's burst of counts could take every connection of the
+ * provider origin's pool and keep other accounts' calls waiting; a client that left mid-count
+ * got no access-log line; and of two different Idempotency-Key headers the last was taken.
+ */
+describe('regression: count_tokens and request headers under a hostile client', () => {
+  const up = new FakeUpstream();
+  let gw: Running;
+  before(async () => {
+    const base = await up.start();
+    // The origin's pool for model calls holds one connection here (1,024 in production).
+    const origin = new URL(base);
+    useOriginPool(origin.origin, new ConnectionPool({ protocol: 'http:', hostname: origin.hostname, port: Number(origin.port) }, { maxSockets: 1 }));
+    gw = await startGateway(testConfig({
+      plans: { p: { rpm: 1000, concurrency: 5 } },
+      accounts: { acct_c: { plan: 'p' }, acct_o: { plan: 'p' } },
+      keys: { key_c: { account: 'acct_c', key: 'sk-c' }, key_o: { account: 'acct_o', key: 'sk-o' } },
+      models: { claude: { provider: 'ant', price: { inputPerMillion: 1, outputPerMillion: 2 } } },
+      providers: { ant: { protocol: 'anthropic', baseUrl: base, timeoutMs: 2000 } },
+    }));
+  });
+  after(async () => {
+    await gw.close();
+    await up.close();
+  });
+
+  const count = { model: 'claude', messages: [{ role: 'user', content: 'hi' }] };
+
+  test('a count the provider holds takes no connection of the pool model calls use: another account\'s call goes through', async () => {
+    let release: (() => void) | null = null;
+    up.queue.push((_req, res) => { release = () => json(res, 200, { input_tokens: 3 }); });
+    const counting = postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-c', count);
+    await until(() => release !== null, 5000, 'the count upstream');
+    up.queue.push((_req, res) => json(res, 200, anthropicMessage('ok')));
+    const call = await postJson(`${gw.url}/v1/messages`, 'sk-o', { ...count, max_tokens: 10 });
+    // Sharing the one connection, the call waited for it and got 504.
+    assert.equal(call.status, 200, await call.clone().text());
+    await call.text();
+    release!();
+    const counted = await counting;
+    assert.deepEqual([counted.status, await counted.json()], [200, { input_tokens: 3 }]);
+  });
+
+  test('a client that leaves mid-count stops it upstream and is logged once, 499', async () => {
+    let upstreamClosed = false;
+    up.queue.push((_req, res) => { res.on('close', () => { upstreamClosed = true; }); });
+    const aborter = new AbortController();
+    const counting = fetch(`${gw.url}/v1/messages/count_tokens`, {
+      method: 'POST', signal: aborter.signal, headers: { 'content-type': 'application/json', authorization: 'Bearer sk-c', 'x-request-id': 'count-left' },
+      body: JSON.stringify(count),
+    });
+    await until(() => up.seen.at(-1)?.headers['x-request-id'] === 'count-left', 5000, 'the count upstream');
+    aborter.abort();
+    await assert.rejects(counting);
+    await until(() => upstreamClosed, 5000, 'the upstream count stopped');
+    await until(() => accessLog(gw).some((l) => l.request_id === 'count-left'), 5000, 'its access-log line');
+    const lines = accessLog(gw).filter((l) => l.request_id === 'count-left');
+    assert.deepEqual(lines.map((l) => l.status), [499]);
+  });
+
+  test('two different Idempotency-Key headers are 400: neither is taken', async () => {
+    const status = (values: string[]) => new Promise<[number, string]>((resolve, reject) => {
+      const headers = ['host', new URL(gw.url).host, 'content-type', 'application/json', 'authorization', 'Bearer sk-c'];
+      for (const v of values) headers.push('Idempotency-Key', v);
+      const req = request(`${gw.url}/v1/messages/count_tokens`, { method: 'POST', headers }, (res) => {
+        let text = '';
+        res.on('data', (c: Buffer) => { text += c; });
+        res.on('end', () => resolve([res.statusCode!, text]));
+      });
+      req.on('error', reject);
+      up.queue.push((_req, res) => json(res, 200, { input_tokens: 3 }));
+      req.end(JSON.stringify(count));
+    });
+    const [differ, text] = await status(['aaa', 'zzz']);
+    assert.equal(differ, 400);
+    assert.equal((JSON.parse(text) as { error: { code: string } }).error.code, 'invalid_idempotency_key', text);
+    up.queue.length = 0;
+    assert.equal((await status(['aaa', 'aaa']))[0], 200, 'the same value twice is one key');
+  });
+});
