@@ -79,6 +79,10 @@ describe('regression: metering under a broken provider (Responses and Messages)'
   const messages = { model: 'claude', stream: true, max_tokens: 20_000, messages: [{ role: 'user', content: 'hi' }] };
   const start = named('message_start', { type: 'message_start', message: { id: 'msg', type: 'message', role: 'assistant', content: [], usage: { input_tokens: 100, output_tokens: 1 } } });
   const textDelta = (text: string) => named('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text } });
+  const search = (index: number) => named('content_block_start', { type: 'content_block_start', index, content_block: { type: 'server_tool_use', id: `s${index}`, name: 'web_search', input: {} } });
+  const failed = (index: number) => named('content_block_start', {
+    type: 'content_block_start', index, content_block: { type: 'web_search_tool_result', tool_use_id: 's', content: { type: 'web_search_tool_result_error', error_code: 'max_uses_exceeded' } },
+  });
 
   for (const [endpoint, path, body] of [['messages', '/v1/messages', messages], ['a translated chat call', '/v1/chat/completions', { ...messages, stream_options: { include_usage: true } }]] as const) {
     test(`${endpoint}: an early message_delta (1 output token), then 40,000 characters: charged the output relayed`, async () => {
@@ -105,7 +109,6 @@ describe('regression: metering under a broken provider (Responses and Messages)'
   });
 
   test('messages: two searches, then a final count of 0 searches: charged the 2 that ran', async () => {
-    const search = (index: number) => named('content_block_start', { type: 'content_block_start', index, content_block: { type: 'server_tool_use', id: `s${index}`, name: 'web_search', input: {} } });
     respond(start + search(0) + search(1) +
       named('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 10, server_tool_use: { web_search_requests: 0 } } }) +
       named('message_stop', { type: 'message_stop' }));
@@ -115,9 +118,49 @@ describe('regression: metering under a broken provider (Responses and Messages)'
     const charge = lastCharge();
     assert.deepEqual([charge.estimated, charge.amountMicro], [false, -(100 * 2 + 10 * 8 + 20_000)]);
   });
+
+  test('messages: output in a content_block_start after the count is counted, and the count is not final', async () => {
+    respond(start + named('message_delta', { type: 'message_delta', delta: {}, usage: { output_tokens: 1 } }) +
+      named('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: 'y'.repeat(40_000) } }) +
+      named('message_stop', { type: 'message_stop' }));
+    const res = await postJson(`${gw().url}/v1/messages`, 'sk-m', messages);
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = lastCharge();
+    assert.deepEqual([charge.estimated, charge.outputTokens], [true, 10_000]);
+  });
+
+  test('messages: a search whose result is an error is not charged (Anthropic bills none): 3 started, 1 failed, a count of 2', async () => {
+    respond(start + search(0) + search(1) + search(2) + failed(3) +
+      named('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 10, server_tool_use: { web_search_requests: 2 } } }) +
+      named('message_stop', { type: 'message_stop' }));
+    const res = await postJson(`${gw().url}/v1/messages`, 'sk-m', messages);
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.deepEqual([lastCharge().estimated, lastCharge().amountMicro], [false, -(100 * 2 + 10 * 8 + 20_000)]);
+  });
+
+  const wholeMessage = (content: unknown[], usage: unknown) => ({ id: 'msg', type: 'message', role: 'assistant', content, stop_reason: 'end_turn', usage });
+  const searchBlock = { type: 'server_tool_use', id: 's', name: 'web_search', input: { query: 'q' } };
+
+  test('messages, whole: two searches with a count of 0 are charged the 2; with usage that cannot be believed, the 2 and the estimate', async () => {
+    up.queue.push((_req, res) => json(res, 200, wholeMessage([searchBlock, searchBlock, { type: 'text', text: 'ok' }], {
+      input_tokens: 100, output_tokens: 10, server_tool_use: { web_search_requests: 0 },
+    })));
+    const exact = await postJson(`${gw().url}/v1/messages`, 'sk-m', { ...messages, stream: false });
+    assert.equal(exact.status, 200);
+    await exact.text();
+    assert.deepEqual([lastCharge().estimated, lastCharge().amountMicro], [false, -(100 * 2 + 10 * 8 + 20_000)]);
+    up.queue.push((_req, res) => json(res, 200, wholeMessage([searchBlock, searchBlock, { type: 'text', text: 'ok' }], { input_tokens: 'many' })));
+    const broken = await postJson(`${gw().url}/v1/messages`, 'sk-m', { ...messages, stream: false });
+    assert.equal(broken.status, 200);
+    await broken.text();
+    assert.equal(lastCharge().estimated, true);
+    assert.ok(-lastCharge().amountMicro >= 20_000 && -lastCharge().amountMicro < 20_100, String(lastCharge().amountMicro));
+  });
 });
 
-describe('dataTypeIs: a name is trusted only when the data says the same type first, on one line', () => {
+describe('dataTypeIs: a name is trusted only when the data says the same type first', () => {
   test('cases', async () => {
     const { dataTypeIs } = await import('../../src/providers/sse.js');
     const name = 'response.output_text.done';
@@ -128,7 +171,5 @@ describe('dataTypeIs: a name is trusted only when the data says the same type fi
     assert.equal(dataTypeIs(`event: ${name}\ndata: {"type":"response.output_text.delta","delta":"x"}`, name), false);
     assert.equal(dataTypeIs(`event: ${name}\ndata: {"delta":"x","type":"${name}"}`, name), false);
     assert.equal(dataTypeIs(`event: ${name}`, name), false);
-    // A second data line could carry a later `type` (JSON.parse keeps the last).
-    assert.equal(dataTypeIs(`event: ${name}\ndata: {"type":"${name}",\ndata: "type":"response.output_text.delta","delta":"x"}`, name), false);
   });
 });

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { json, openaiCompletion } from '../helpers/fake-upstream.js';
+import { anthropicMessage, json, openaiCompletion } from '../helpers/fake-upstream.js';
 import { behindFakeProvider } from '../helpers/behind-fake.js';
 import { postJson, until } from '../helpers/gateway.js';
 
@@ -65,5 +65,13 @@ describe('regression: fields a compatible server reads that the gateway did not 
     const done = await running;
     assert.equal(done.status, 200);
     await done.text();
+  });
+
+  test('translated to Anthropic, a chat call with both limits sends the first (max_completion_tokens), not the larger it reserves', async () => {
+    up.queue.push((_req, res) => json(res, 200, anthropicMessage('ok', { input_tokens: 1, output_tokens: 1 })));
+    const res = await postJson(`${gw().url}/v1/chat/completions`, 'sk-d', { model: 'claude', messages, max_completion_tokens: 100, max_tokens: 4000 });
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.equal(up.seen.at(-1)!.body.max_tokens, 100);
   });
 });

@@ -113,14 +113,16 @@ export const chat: WireProtocol = {
     return {
       ok: true,
       call: {
-        body: b, model: b.model as string, stream: b.stream === true, maxTokens: largestLimit(limits), limits, choices, audio: audioAsked(b),
+        body: b, model: b.model as string, stream: b.stream === true, maxTokens: limits[0]?.[1] ?? null, limits, choices, audio: audioAsked(b),
         // Any value: the provider judges it, and a refusal is free.
         searchesPerCall: b.web_search_options != null ? 1 : 0,
       },
     };
   },
 
-  outputBudget: (call, model) => call.maxTokens ?? model.maxOutputTokens,
+  // Passed on as it is, both limits go: a provider may honour either, so the larger is reserved.
+  // (Translated, the first one, max_completion_tokens, is the call's limit.)
+  outputBudget: (call, model) => largestLimit(call.limits) ?? model.maxOutputTokens,
 
   upstreamBody(ex) {
     if (!ex.stream || clientAskedUsage(ex.body)) return modelSwapped(ex);

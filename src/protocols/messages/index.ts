@@ -54,6 +54,42 @@ export function thinkingLimits(maxTokens: number): { budget: number; maxTokens: 
 const OUTPUT = new Set(['text', 'thinking', 'input']);
 
 /**
+ * What one content block says of web searches: +1 for a search the model started, -1 for a
+ * search that failed (its result an error: Anthropic bills no search that errs, e.g. one past
+ * `max_uses`), 0 for anything else.
+ */
+function searchOf(block: Record<string, unknown>): number {
+  if (block.type === 'server_tool_use') return block.name === 'web_search' ? 1 : 0;
+  if (block.type === 'web_search_tool_result') return isObj(block.content) && block.content.type === 'web_search_tool_result_error' ? -1 : 0;
+  return 0;
+}
+
+/** The web searches an answer's content shows that ran (found in review: a count lower than these was believed). */
+function searchesIn(content: unknown): number {
+  if (!Array.isArray(content)) return 0;
+  let n = 0;
+  for (const block of content) if (isObj(block)) n += searchOf(block);
+  return Math.max(0, n);
+}
+
+/** Output a content block starts with: none in a real stream (text '', input {}), where deltas carry it all. */
+function startingChars(block: Record<string, unknown>): number {
+  let n = 0;
+  if (typeof block.text === 'string') n += block.text.length;
+  if (typeof block.thinking === 'string') n += block.thinking.length;
+  if (isObj(block.input)) {
+    for (const _ in block.input) {
+      n += JSON.stringify(block.input).length;
+      break;
+    }
+  }
+  return n;
+}
+
+/** An answer that ran a server tool (its content blocks are read with its usage then). */
+const SERVER_TOOL_USE = Buffer.from('"type":"server_tool_use"');
+
+/**
  * Anthropic's code execution tool is billed by the container-hour, at a price a model's config
  * has no place for: refused when the call goes to Anthropic as it is, so no call runs up a
  * bill the gateway cannot charge. (Web search is priced, `webSearchPerThousand`; web fetch
@@ -112,7 +148,17 @@ export const messages: WireProtocol = {
     return JSON.stringify(body);
   },
 
-  usage: (json) => (isObj(json) ? messagesUsage(json.usage, null) : null),
+  usage(json) {
+    if (!isObj(json)) return null;
+    const usage = messagesUsage(json.usage, null);
+    const searches = searchesIn(json.content);
+    if (usage !== null && searches > (usage.webSearches ?? 0)) usage.webSearches = searches;
+    return usage;
+  },
+
+  billsOutsideUsage: (answer) => answer.includes(SERVER_TOOL_USE),
+
+  searchesOf: (json) => (isObj(json) ? searchesIn(json.content) : 0),
 
   outputChars: (json) => (isObj(json) ? textChars(json.content, OUTPUT) : 0),
 
@@ -124,7 +170,7 @@ export const messages: WireProtocol = {
     // Web searches the model started: billed even if the stream ends before message_delta gives
     // the count, and a count lower than this is not believed (found in review: a count of 0
     // after two searches, or a search before any usage, was charged none).
-    let searches = 0;
+    let searches = 0; // started, less those that failed
     const withSearches = (u: Usage): Usage => (searches > (u.webSearches ?? 0) ? { ...u, webSearches: searches } : u);
     // Before any usage, an abnormal end is charged the input estimate, the output relayed, and the searches.
     const note = () => ex.noteUsage(withSearches(usage ?? NOTHING_YET));
@@ -169,9 +215,17 @@ export const messages: WireProtocol = {
           }
           case 'content_block_start': {
             const block = isObj(msg.content_block) ? msg.content_block : {};
-            if (block.type === 'server_tool_use' && block.name === 'web_search') {
-              searches++;
+            const search = searchOf(block);
+            if (search !== 0) {
+              searches += search;
               note();
+            }
+            // A block may start with output in it (a client shows it): counted, and it makes an
+            // earlier count not final (found in review).
+            const chars = startingChars(block);
+            if (chars > 0) {
+              ex.noteOutput(chars);
+              final = false;
             }
             break;
           }
