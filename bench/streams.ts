@@ -4,9 +4,10 @@
  * alternated, either translated (a chat call to a model on an Anthropic provider) or passed
  * through (`/v1/messages` on the same model: metering only, Claude Code's path). `--path plain`
  * drives proxy.ts's plain call instead: a whole chat answer from a billable model on an
- * `openai` provider (the proxied chat path), build against build.
+ * `openai` provider (the proxied chat path), build against build; `--path translated` the same
+ * whole chat answer from the model on the Anthropic provider (translated both ways).
  *
- *   npm run build && node --import tsx bench/streams.ts [--gateway NAME=DIST_DIR ...] [--path chat|messages|plain]
+ *   npm run build && node --import tsx bench/streams.ts [--gateway NAME=DIST_DIR ...] [--path chat|messages|plain|translated]
  *     [--rounds 8] [--duration 3] [--connections 32]
  *
  * Copy a build's dist/ aside to compare it (`--gateway before=/tmp/old-dist --gateway after=dist`).
@@ -26,7 +27,10 @@ const PROXY = join(__dirname, 'proxy.ts');
 
 const FLAGS = {
   gateways: strs({ name: 'gateway', arg: 'NAME=DIST_DIR', pattern: /^[\w-]+=.+$/, help: 'a build to measure (default: gateway=dist)' }),
-  path: choice({ choices: ['chat', 'messages', 'plain'], default: 'chat', help: 'chat: translated to Messages; messages: passed through; plain: a whole chat answer passed through' }),
+  path: choice({
+    choices: ['chat', 'messages', 'plain', 'translated'], default: 'chat',
+    help: 'chat: translated to Messages; messages: passed through; plain: a whole chat answer passed through; translated: a whole chat answer translated',
+  }),
   rounds: int({ default: 8, help: 'rounds per build' }),
   durationS: num({ name: 'duration', default: 3, help: 'seconds per timed run' }),
   connections: int({ default: 32, help: 'keep-alive connections' }),
@@ -70,8 +74,9 @@ async function main(): Promise<number> {
 
     const messages = [{ role: 'user', content: 'Say hello to the benchmark.' }];
     const chat = flags.path === 'chat';
-    const plain = flags.path === 'plain';
-    const body = JSON.stringify(plain ? { model: 'gpt-bench', messages } : chat
+    const translated = flags.path === 'translated';
+    const plain = flags.path === 'plain' || translated;
+    const body = JSON.stringify(plain ? { model: translated ? 'claude-bench' : 'gpt-bench', messages } : chat
       ? { model: 'claude-bench', messages, max_tokens: LONG_MAX_TOKENS, stream: true, stream_options: { include_usage: true } }
       : { model: 'claude-bench', messages, max_tokens: LONG_MAX_TOKENS, stream: true });
     // Every delta arrived, and the stream ended as its protocol ends (a whole answer: its choices).
@@ -90,7 +95,7 @@ async function main(): Promise<number> {
     });
 
     let bad = 0;
-    process.stdout.write(`${plain ? 'plain chat, passed through' : `${chat ? 'translated chat' : 'passthrough /v1/messages'}, ${LONG_DELTAS} deltas`}: ${names.join(', ')}; ` +
+    process.stdout.write(`${plain ? `plain chat, ${translated ? 'translated' : 'passed through'}` : `${chat ? 'translated chat' : 'passthrough /v1/messages'}, ${LONG_DELTAS} deltas`}: ${names.join(', ')}; ` +
       `${flags.connections} connections, ${flags.rounds} rounds x ${flags.durationS} s\n`);
     const runs = await runRounds<string, RunResult>({
       targets: names, rounds: flags.rounds,

@@ -41,17 +41,18 @@ function poolFor(url: URL, hostname: string, port: number, forCounts: boolean): 
 }
 
 /**
- * Token counts go over a small pool of their own per origin. A count holds no slot (CONTRACT
- * section 8), so one key's burst of counts could otherwise take every socket of the origin's
- * pool and keep other accounts' model calls waiting for one (found in review: 3,000 counts of
- * a plan without an RPM limit held 1,024 sockets, and a call waited 2.9 s). Counts beyond these
- * wait within their own timeout.
+ * Token counts go over a pool of their own per origin, a quarter the size of the calls' pool. A
+ * count holds no slot (CONTRACT section 8), so one key's burst of counts could otherwise take
+ * every socket of the origin's pool and keep other accounts' model calls waiting for one (found
+ * in review: 3,000 counts of a plan without an RPM limit held 1,024 sockets, and a call waited
+ * 2.9 s). Counts beyond these wait within their own timeout; at Anthropic's usual 100 to 300 ms
+ * a count, 256 connections carry about a thousand counts a second.
  */
-const COUNT_SOCKETS = 64;
+const COUNT_SOCKETS = 256;
 
-/** Puts a pool of one's own in place for an origin before its first call (tests: a small one). */
-export function useOriginPool(origin: string, pool: ConnectionPool): void {
-  pools.set(origin, pool);
+/** Puts a pool of one's own in place for an origin (or its counts) before its first call (tests: a small one). */
+export function useOriginPool(origin: string, pool: ConnectionPool, forCounts = false): void {
+  pools.set(forCounts ? `count ${origin}` : origin, pool);
 }
 
 /**
@@ -207,8 +208,13 @@ export class HttpProvider implements Provider {
     };
     const req = target.send({ method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers });
     const timer = setTimeout(() => finish(() => {
+      // Still waiting for one of the counts' connections: the gateway's own queue took the time.
+      const queued = req.socket == null;
       req.destroy();
-      request.fail('upstream_timeout', { message: `The provider did not answer within ${this.config.timeoutMs} ms.` });
+      request.fail('upstream_timeout', {
+        message: queued ? `No connection to the provider came free within ${this.config.timeoutMs} ms (the gateway's connections for token counts are all busy).`
+          : `The provider did not answer within ${this.config.timeoutMs} ms.`,
+      });
     }), this.config.timeoutMs);
     request.onAbort(() => finish(() => req.destroy()));
     req.on('error', (err) => finish(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(err)}).` })));

@@ -19,13 +19,20 @@ describe('regression: count_tokens and request headers under a hostile client', 
     const base = await up.start();
     // The origin's pool for model calls holds one connection here (1,024 in production).
     const origin = new URL(base);
-    useOriginPool(origin.origin, new ConnectionPool({ protocol: 'http:', hostname: origin.hostname, port: Number(origin.port) }, { maxSockets: 1 }));
+    const pool = () => new ConnectionPool({ protocol: 'http:', hostname: origin.hostname, port: Number(origin.port) }, { maxSockets: 1 });
+    useOriginPool(origin.origin, pool());
+    // And so does the counts' pool (256 in production).
+    useOriginPool(origin.origin, pool(), true);
     gw = await startGateway(testConfig({
       plans: { p: { rpm: 1000, concurrency: 5 } },
       accounts: { acct_c: { plan: 'p' }, acct_o: { plan: 'p' } },
       keys: { key_c: { account: 'acct_c', key: 'sk-c' }, key_o: { account: 'acct_o', key: 'sk-o' } },
-      models: { claude: { provider: 'ant', price: { inputPerMillion: 1, outputPerMillion: 2 } } },
-      providers: { ant: { protocol: 'anthropic', baseUrl: base, timeoutMs: 2000 } },
+      models: {
+        claude: { provider: 'ant', price: { inputPerMillion: 1, outputPerMillion: 2 } },
+        'claude-quick': { provider: 'ant-quick', upstreamModel: 'claude', price: { inputPerMillion: 1, outputPerMillion: 2 } },
+      },
+      // Two providers at one origin share its pools; the second one's timeout is short.
+      providers: { ant: { protocol: 'anthropic', baseUrl: base, timeoutMs: 5000 }, 'ant-quick': { protocol: 'anthropic', baseUrl: base, timeoutMs: 300 } },
     }));
   });
   after(async () => {
@@ -45,6 +52,10 @@ describe('regression: count_tokens and request headers under a hostile client', 
     // Sharing the one connection, the call waited for it and got 504.
     assert.equal(call.status, 200, await call.clone().text());
     await call.text();
+    // A second count waits for the counts' one connection, and says so when its time is up.
+    const waited = await postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-o', { ...count, model: 'claude-quick' });
+    assert.equal(waited.status, 504);
+    assert.match(((await waited.json()) as { error: { message: string } }).error.message, /No connection to the provider came free/);
     release!();
     const counted = await counting;
     assert.deepEqual([counted.status, await counted.json()], [200, { input_tokens: 3 }]);

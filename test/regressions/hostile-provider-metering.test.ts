@@ -140,6 +140,16 @@ describe('regression: metering under a broken provider (Responses and Messages)'
     assert.deepEqual([lastCharge().estimated, lastCharge().amountMicro], [false, -(100 * 2 + 10 * 8 + 20_000)]);
   });
 
+  test('messages: error results before any search cancel none of the searches after them', async () => {
+    respond(start + failed(0) + failed(1) + search(2) + search(3) +
+      named('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 10 } }) +
+      named('message_stop', { type: 'message_stop' }));
+    const res = await postJson(`${gw().url}/v1/messages`, 'sk-m', messages);
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.deepEqual([lastCharge().estimated, lastCharge().amountMicro], [false, -(100 * 2 + 10 * 8 + 20_000)]);
+  });
+
   const wholeMessage = (content: unknown[], usage: unknown) => ({ id: 'msg', type: 'message', role: 'assistant', content, stop_reason: 'end_turn', usage });
   const searchBlock = { type: 'server_tool_use', id: 's', name: 'web_search', input: { query: 'q' } };
 

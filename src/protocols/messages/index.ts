@@ -68,8 +68,8 @@ function searchOf(block: Record<string, unknown>): number {
 function searchesIn(content: unknown): number {
   if (!Array.isArray(content)) return 0;
   let n = 0;
-  for (const block of content) if (isObj(block)) n += searchOf(block);
-  return Math.max(0, n);
+  for (const block of content) if (isObj(block)) n = Math.max(0, n + searchOf(block));
+  return n;
 }
 
 /** Output a content block starts with: none in a real stream (text '', input {}), where deltas carry it all. */
@@ -86,8 +86,12 @@ function startingChars(block: Record<string, unknown>): number {
   return n;
 }
 
-/** An answer that ran a server tool (its content blocks are read with its usage then). */
-const SERVER_TOOL_USE = Buffer.from('"type":"server_tool_use"');
+/**
+ * An answer that may have searched the web (its content blocks are read with its usage then):
+ * a `server_tool_use` of web_search names it so; other server tools (web fetch, with a whole
+ * document in its answer) are not parsed whole for nothing (found in review).
+ */
+const WEB_SEARCH = Buffer.from('"name":"web_search"');
 
 /**
  * Anthropic's code execution tool is billed by the container-hour, at a price a model's config
@@ -156,7 +160,7 @@ export const messages: WireProtocol = {
     return usage;
   },
 
-  billsOutsideUsage: (answer) => answer.includes(SERVER_TOOL_USE),
+  billsOutsideUsage: (answer) => answer.includes(WEB_SEARCH),
 
   searchesOf: (json) => (isObj(json) ? searchesIn(json.content) : 0),
 
@@ -217,7 +221,8 @@ export const messages: WireProtocol = {
             const block = isObj(msg.content_block) ? msg.content_block : {};
             const search = searchOf(block);
             if (search !== 0) {
-              searches += search;
+              // Never below none: an error result before any search cancels nothing later (found in review).
+              searches = Math.max(0, searches + search);
               note();
             }
             // A block may start with output in it (a client shows it): counted, and it makes an
