@@ -1,3 +1,4 @@
+import { UNBOUNDED_SEARCHES } from '../billing/estimate.js';
 import { isObj } from '../protocols/common.js';
 import { TextDelta } from '../protocols/messages/text-delta.js';
 import type { ParsedEvents } from '../providers/sse.js';
@@ -134,6 +135,7 @@ function tools(body: Record<string, unknown>, out: Record<string, unknown>, name
     if (fn.strict === true) drop('tools.strict'); // schema adherence is not guaranteed there
     list.push(def);
   };
+  let searching = false;
   (Array.isArray(body.tools) ? body.tools : []).forEach((tool, i) => {
     const t = isObj(tool) ? tool : {};
     const at = `tools[${i}]`;
@@ -145,7 +147,10 @@ function tools(body: Record<string, unknown>, out: Record<string, unknown>, name
         add(fn, `${at}.tools[${j}]`, t.name as string);
       });
     } else if (t.type === 'web_search' || t.type === 'web_search_preview') {
-      list.push({ type: 'web_search_20250305', name: 'web_search' });
+      // Bounded by what the call reserved for it (found in review: sent without `max_uses`, the
+      // model could search past the reservation unseen); a second one would be the same tool.
+      if (!searching) list.push({ type: 'web_search_20250305', name: 'web_search', max_uses: UNBOUNDED_SEARCHES });
+      searching = true;
     } else {
       // A hosted tool Anthropic has no equivalent of: the model simply does not get it. Its
       // name goes into a response header: only a plain name is shown, never the client's bytes.

@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
+import { searchesAllowed, UNBOUNDED_SEARCHES } from '../../src/billing/estimate.js';
 import { eventData, SseSplitter } from '../../src/providers/sse.js';
 import { chatToMessages } from '../../src/translate/chat-to-messages.js';
 import { StreamEnded, Untranslatable } from '../../src/translate/common.js';
@@ -367,6 +368,13 @@ describe('Responses client -> Anthropic provider', () => {
     assert.deepEqual(out.thinking, { type: 'enabled', budget_tokens: 4096 });
     assert.deepEqual([out.max_tokens, out.stream], [8000, true]);
     assert.deepEqual(new Set(dropped), new Set(['store', 'include', 'prompt_cache_key']));
+  });
+
+  test('request: a web search tool goes to Anthropic bounded by the searches its call reserves, once (an earlier review: unbounded)', () => {
+    const body = codexLike({ tools: [{ type: 'web_search' }, { type: 'web_search_preview' }] });
+    const { body: out } = responsesToMessages.request(body, facts(body, { maxOutputTokens: 8000 }));
+    assert.deepEqual(out.tools, [{ type: 'web_search_20250305', name: 'web_search', max_uses: UNBOUNDED_SEARCHES }]);
+    assert.equal(searchesAllowed(body), UNBOUNDED_SEARCHES);
   });
 
   test('request: a reasoning item the gateway made comes back as the signed thinking block, before the tool_use it led to', () => {
