@@ -210,6 +210,21 @@ export class BilledCall implements Exchange {
     }, () => this.res.destroy());
   }
 
+  /**
+   * A final count of output past the model's `outputTokenLimit` per answer asked for, taken down
+   * to it: no provider generates more, and a broken one reporting 1e9 tokens was charged $8,000
+   * for a call that reserved 16 (found in review). Logged: a model whose real limit is higher
+   * needs its `outputTokenLimit` raised.
+   */
+  private withinLimit(usage: Usage): Usage {
+    const ceiling = this.model.outputTokenLimit * this.choices;
+    if (usage.outputTokens <= ceiling) return usage;
+    this.gw.logger.warn('provider reported more output than the model allows', {
+      request_id: this.ctx.id, model: this.model.id, output_tokens: usage.outputTokens, output_token_limit: ceiling,
+    });
+    return { ...usage, outputTokens: ceiling, audioOutputTokens: Math.min(usage.audioOutputTokens ?? 0, ceiling) };
+  }
+
   /** Runs what writes the final bytes: a bug there fails this call (after a ledger's promise, it would end the process). */
   private guarded(then: () => void): void {
     try {
@@ -296,6 +311,7 @@ export class BilledCall implements Exchange {
   /** Settles the ticket and records the call; a promise resolves when the record is durable. */
   private charge(usage: Usage, estimated: boolean): void | Promise<void> {
     this.settled = true;
+    if (usage !== NO_USAGE) usage = this.withinLimit(usage);
     // The provider had the request (a refusal is NO_USAGE): OpenAI bills the searches of every
     // call of a search model, and those the request asked for (another server runs none: found
     // in review, an Anthropic fallback of a search model was charged one).

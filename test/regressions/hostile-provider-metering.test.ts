@@ -17,7 +17,7 @@ describe('regression: metering under a broken provider (Responses and Messages)'
     plans: { p: { rpm: 1000, concurrency: 5 } },
     accounts: { acct_m: { plan: 'p' } },
     keys: { key_m: { account: 'acct_m', key: 'sk-m' } },
-    models: { gpt: { provider: 'oai', price }, claude: { provider: 'ant', price } },
+    models: { gpt: { provider: 'oai', price }, claude: { provider: 'ant', price }, emb: { provider: 'oai', price: { inputPerMillion: 1, outputPerMillion: 10 } } },
     providers: { oai: { protocol: 'openai', baseUrl: base }, ant: { protocol: 'anthropic', baseUrl: base } },
   }));
 
@@ -167,6 +167,36 @@ describe('regression: metering under a broken provider (Responses and Messages)'
     await broken.text();
     assert.equal(lastCharge().estimated, true);
     assert.ok(-lastCharge().amountMicro >= 20_000 && -lastCharge().amountMicro < 20_100, String(lastCharge().amountMicro));
+  });
+
+  test('a final count of output past the model\'s outputTokenLimit is taken down to it (a broken provider reported 1e9)', async () => {
+    up.queue.push((_req, res) => json(res, 200, { id: 'r', object: 'response', status: 'completed', output: [], usage: { ...usage, output_tokens: 999_999_999 } }));
+    const res = await postJson(`${gw().url}/v1/responses`, 'sk-m', responses({ stream: false, max_output_tokens: 16 }));
+    assert.equal(res.status, 200);
+    await res.text();
+    // 128,000 output tokens (the default outputTokenLimit) at $8 a million, and 100 input at $2.
+    assert.deepEqual([lastCharge().outputTokens, lastCharge().amountMicro], [128_000, -(1_024_000 + 200)]);
+  });
+
+  const embedding = (extra: Record<string, unknown>) => ({ object: 'list', model: 'emb', data: [{ object: 'embedding', index: 0, embedding: [0.5, 0.5] }], ...extra });
+
+  test('embeddings: completion tokens a provider reports are no output to charge', async () => {
+    up.queue.push((_req, res) => json(res, 200, embedding({ usage: { prompt_tokens: 3, completion_tokens: 1_000_000_000, total_tokens: 1_000_000_003 } })));
+    const res = await postJson(`${gw().url}/v1/embeddings`, 'sk-m', { model: 'emb', input: 'abc' });
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.deepEqual([lastCharge().estimated, lastCharge().outputTokens, lastCharge().amountMicro], [false, 0, -3]);
+  });
+
+  test('embeddings: an answer over 8 MiB without usage is charged its input estimate, not its vectors as output', async () => {
+    const vector = Array.from({ length: 3072 }, () => 0.123456789);
+    const data = Array.from({ length: 300 }, (_, index) => ({ object: 'embedding', index, embedding: vector }));
+    up.queue.push((_req, res) => json(res, 200, { object: 'list', model: 'emb', data }));
+    const res = await postJson(`${gw().url}/v1/embeddings`, 'sk-m', { model: 'emb', input: 'x'.repeat(400) });
+    assert.equal(res.status, 200);
+    assert.ok((await res.arrayBuffer()).byteLength > 8 * 1024 * 1024);
+    assert.deepEqual([lastCharge().estimated, lastCharge().outputTokens], [true, 0]);
+    assert.ok(-lastCharge().amountMicro < 1_000, String(lastCharge().amountMicro));
   });
 });
 

@@ -47,7 +47,7 @@ describe('regression: hostile values found in review', () => {
     assert.equal(((await next.json()) as { choices: Array<{ message: { content: string } }> }).choices[0]!.message.content, 'still here');
   });
 
-  test('embeddings: at most 2,048 inputs; the mock builds at most 1,000,000 numbers, and a refusal is free', async () => {
+  test('embeddings: at most 2,048 inputs; the mock builds at most 100,000 numbers, and a refusal is free', async () => {
     const embed = (body: Record<string, unknown>) => postJson(`${gw.url}/v1/embeddings`, 'sk-alice', { model: 'echo-1', ...body });
     let res = await embed({ input: Array.from({ length: 2049 }, () => 'x') });
     assert.equal(res.status, 400);
@@ -58,9 +58,28 @@ describe('regression: hostile values found in review', () => {
     assert.equal(res.status, 400);
     assert.ok(Date.now() - started < 2000, 'refused before building anything');
     assert.equal(entriesOf(gw, 'acct_alice').length, before, 'not charged');
+    // 10 inputs of 16,384: 163,840 numbers (a 9 MB answer and 127 ms of the event loop at 1,000,000).
+    res = await embed({ input: Array.from({ length: 10 }, () => 'x'), dimensions: 16_384 });
+    assert.equal(res.status, 400);
+    await res.text();
     res = await embed({ input: ['a', 'b'], dimensions: 4 });
     assert.equal(res.status, 200);
     assert.equal(((await res.json()) as { data: Array<{ embedding: number[] }> }).data[1]!.embedding.length, 4);
+  });
+
+  test('embeddings on the mock: base64 as the official SDK asks for it, the same vector; token ids counted as tokens', async () => {
+    const embed = async (body: Record<string, unknown>) => {
+      const res = await postJson(`${gw.url}/v1/embeddings`, 'sk-alice', { model: 'echo-1', ...body });
+      assert.equal(res.status, 200);
+      return (await res.json()) as { data: Array<{ embedding: number[] | string }>; usage: { prompt_tokens: number } };
+    };
+    const plain = (await embed({ input: 'hello' })).data[0]!.embedding as number[];
+    const encoded = (await embed({ input: 'hello', encoding_format: 'base64' })).data[0]!.embedding as string;
+    const bytes = Buffer.from(encoded, 'base64');
+    const decoded = Array.from(new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length / 4));
+    assert.equal(decoded.length, plain.length);
+    decoded.forEach((x, i) => assert.ok(Math.abs(x - plain[i]!) < 1e-6));
+    assert.equal((await embed({ input: [[1, 2, 3], [4, 5]] })).usage.prompt_tokens, 5);
   });
 
   test('a reasoning effort named like an inherited property is a 400, never a made-up budget', async () => {

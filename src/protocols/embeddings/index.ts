@@ -10,15 +10,34 @@ import type { WireProtocol } from '../types.js';
 const MAX_DIMENSIONS = 16_384;
 /** The most inputs one request may embed (OpenAI's own limit). */
 const MAX_INPUTS = 2048;
-/** The most numbers the mock builds for one answer (inputs x dimensions). */
-const MAX_MOCK_NUMBERS = 1_000_000;
+/**
+ * The most numbers the mock builds for one answer (inputs x dimensions): about 1 MB of JSON and
+ * a few milliseconds (found in review: at 1,000,000, a 300-byte request took 127 ms of the event
+ * loop and a 9 MB answer).
+ */
+const MAX_MOCK_NUMBERS = 100_000;
 
-/** Characters of an embeddings input: a string or an array of strings (token ids count none for the mock). */
-function inputChars(input: unknown): number {
-  if (typeof input === 'string') return input.length;
-  let n = 0;
-  if (Array.isArray(input)) for (const s of input) if (typeof s === 'string') n += s.length;
-  return n;
+/**
+ * The mock's input tokens, as the estimate counts them: 1 per 4 characters of text, 1 per
+ * token id (found in review: ids were free, though reserved).
+ */
+function inputTokens(input: unknown): number {
+  if (typeof input === 'string') return tokensOf(input.length);
+  let chars = 0;
+  let ids = 0;
+  if (Array.isArray(input)) {
+    for (const item of input) {
+      if (typeof item === 'string') chars += item.length;
+      else if (typeof item === 'number') ids++;
+      else if (Array.isArray(item)) ids += item.length;
+    }
+  }
+  return tokensOf(chars) + ids;
+}
+
+/** A vector as the API writes it with `encoding_format: "base64"`: its float32s, little-endian, in base64. */
+function base64Of(vector: number[]): string {
+  return Buffer.from(new Float32Array(vector).buffer).toString('base64');
 }
 
 /** A deterministic unit vector from the text's hash: same text, same embedding. */
@@ -59,7 +78,16 @@ export const embeddings: WireProtocol = {
 
   upstreamBody: modelSwapped,
 
-  usage: (json) => (isObj(json) ? chatUsage(json.usage, false) : null),
+  usage(json) {
+    const usage = isObj(json) ? chatUsage(json.usage, false) : null;
+    // An embedding generates nothing: a provider's completion_tokens here are no output to bill
+    // (found in review: 1e9 of them were charged at the model's output price).
+    if (usage !== null) {
+      usage.outputTokens = 0;
+      usage.audioOutputTokens = 0;
+    }
+    return usage;
+  },
 
   outputChars: () => 0,
 
@@ -75,10 +103,15 @@ export const embeddings: WireProtocol = {
         message: `The mock provider builds at most ${MAX_MOCK_NUMBERS} numbers per answer (inputs x dimensions).`, fields: { param: 'dimensions' },
       });
     }
-    const usage: Usage = { inputTokens: tokensOf(inputChars(input)), outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
+    const usage: Usage = { inputTokens: inputTokens(input), outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
+    // The official SDK asks for base64 and decodes it (found in review: it got [0, 0]).
+    const base64 = ex.body.encoding_format === 'base64';
     ex.settle(usage, () => sendJson(ex, {
       object: 'list', model: ex.model.upstreamModel,
-      data: texts.map((text, index) => ({ object: 'embedding', index, embedding: vectorOf(text, dimensions) })),
+      data: texts.map((text, index) => {
+        const vector = vectorOf(text, dimensions);
+        return { object: 'embedding', index, embedding: base64 ? base64Of(vector) : vector };
+      }),
       usage: { prompt_tokens: usage.inputTokens, total_tokens: usage.inputTokens },
     }));
   },
