@@ -111,7 +111,8 @@ function answerHeaders(res: IncomingMessage): { contentType: string; encoding: s
         if (is(name, 'request-id')) requestId ??= raw[i + 1]!;
         break;
       case 12:
-        if (is(name, 'content-type')) contentType = raw[i + 1]!;
+        // Media types are case-insensitive (found in review: `Text/Event-Stream` was read as a whole answer).
+        if (is(name, 'content-type')) contentType = raw[i + 1]!.toLowerCase();
         else if (is(name, 'x-request-id')) upstreamId = raw[i + 1]!;
         break;
       case 14:
@@ -206,7 +207,7 @@ export class HttpProvider implements Provider {
       clearTimeout(timer);
       then();
     };
-    const req = target.send({ method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers });
+    let req: ClientRequest;
     const timer = setTimeout(() => finish(() => {
       // Still waiting for one of the counts' connections: the gateway's own queue took the time.
       const queued = req.socket == null;
@@ -217,22 +218,30 @@ export class HttpProvider implements Provider {
       });
     }), this.config.timeoutMs);
     request.onAbort(() => finish(() => req.destroy()));
-    req.on('error', (err) => finish(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(err)}).` })));
-    req.on('upgrade', upgraded((err) => finish(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(err)}).` }))));
-    req.on('response', (res) => {
-      readSome(res, MAX_ERROR_BYTES, (answer, complete) => finish(() => {
-        const status = res.statusCode ?? 0;
-        if (status >= 200 && status < 300 && complete) return request.answer(answer);
-        if (status >= 200 && status < 300) return request.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
-        const message = providerMessage(answer.toString('utf8'));
-        if (status === 429) return request.fail('upstream_rate_limited', { retryAfterS: 1, ...(message ? { message } : {}) });
-        if (status === 503 || status === 529) return request.fail('upstream_overloaded', { retryAfterS: 1 });
-        if (status === 401 || status === 403) return request.fail('upstream_error', { message: 'The provider rejected the gateway\'s own credentials.' });
-        if (status >= 400 && status < 500) return request.failWith(`upstream_${status}`, upstreamStatusSpec(status), message ?? `The provider answered ${status}.`);
-        request.fail('upstream_error', { message: `The provider answered ${status}.` });
-      }));
-    });
-    req.end(body);
+    const send = () => {
+      req = target.send({ method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers });
+      const sent = req;
+      req.on('error', (err) => {
+        if (!over && closedWhileIdle(sent, err)) return send();
+        finish(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(err)}).` }));
+      });
+      req.on('upgrade', upgraded((err) => finish(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(err)}).` }))));
+      req.on('response', (res) => {
+        readSome(res, MAX_ERROR_BYTES, (answer, complete) => finish(() => {
+          const status = res.statusCode ?? 0;
+          if (status >= 200 && status < 300 && complete) return request.answer(answer);
+          if (status >= 200 && status < 300) return request.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
+          const message = providerMessage(answer.toString('utf8'));
+          if (status === 429) return request.fail('upstream_rate_limited', { retryAfterS: 1, ...(message ? { message } : {}) });
+          if (status === 503 || status === 529) return request.fail('upstream_overloaded', { retryAfterS: 1 });
+          if (status === 401 || status === 403) return request.fail('upstream_error', { message: 'The provider rejected the gateway\'s own credentials.' });
+          if (status >= 400 && status < 500) return request.failWith(`upstream_${status}`, upstreamStatusSpec(status), message ?? `The provider answered ${status}.`);
+          request.fail('upstream_error', { message: `The provider answered ${status}.` });
+        }));
+      });
+      req.end(body);
+    };
+    send();
   }
 
   handle(ex: Exchange): void {
@@ -337,6 +346,11 @@ export class HttpProvider implements Provider {
         }
       });
       const failed = (error: Error) => {
+        if (!done && phase === 'headers' && !ex.aborted && closedWhileIdle(req, error)) {
+          done = true;
+          pending = null;
+          return attempt(n);
+        }
         try {
           settle({ kind: 'error', error });
         } catch (err) {
@@ -582,6 +596,10 @@ export class HttpProvider implements Provider {
         if (text === null) return untranslatable();
         if (text !== '') ex.write(text);
       }
+      // Ended cleanly before its final event and its usage: cut for the client as well, which
+      // would otherwise take a truncated answer for a whole one (found in review). (Usage seen
+      // without the final event, as some compatible servers send no [DONE], ends it.)
+      if (watcher.usage() === null) return cut('the provider\'s stream ended before its final event');
       endWith('');
     };
     res.on('end', () => {
@@ -682,4 +700,17 @@ function upgraded(failed: (err: Error) => void): (res: IncomingMessage, socket: 
 
 function describe(error: Error): string {
   return (error as NodeJS.ErrnoException).code ?? error.message;
+}
+
+/**
+ * A request that failed on a kept-alive connection the provider had closed while it sat idle in
+ * the pool (it reset the connection, or closed it as the request arrived), before any answer:
+ * the provider never took the request, so it is sent again on another connection at once, as
+ * no failure of the provider's (found in review: it cooled a healthy deployment down, fleet-wide,
+ * and moved calls to the fallback; servers such as uvicorn close idle connections after 5 s).
+ */
+function closedWhileIdle(req: ClientRequest, error: Error): boolean {
+  if (!req.reusedSocket) return false;
+  const code = (error as NodeJS.ErrnoException).code;
+  return code === 'ECONNRESET' || code === 'EPIPE' || code === 'ECONNABORTED';
 }
