@@ -86,11 +86,13 @@ export class DirLock {
         if ((err as NodeJS.ErrnoException).code !== 'EEXIST') throw err;
       }
       const holder = readHolder(path);
-      if (!stale(path, holder, staleMs)) {
+      const state = judge(path, holder, staleMs);
+      if (state === 'live') {
         throw new LedgerLockedError(dir, holder === null ? 'unknown holder' : `pid ${holder.pid} on ${holder.host}`);
       }
-      // The holder is gone: take its lock over, one taker at a time (see takeOver).
-      takeOver(dir, path, holder, staleMs);
+      // The holder is gone: take its lock over, one taker at a time (see takeOver). A lock gone
+      // meanwhile needs nothing removed: the create is tried again.
+      if (state === 'stale') takeOver(dir, path, holder, staleMs);
     }
     throw new LedgerLockedError(dir, 'another instance took it over first');
   }
@@ -134,7 +136,13 @@ function takeOver(dir: string, path: string, judged: Holder | null, staleMs: num
     throw new LedgerLockedError(dir, 'another instance is taking it over');
   }
   try {
-    if (readHolder(path)?.token !== judged?.token) return; // replaced meanwhile: the create says by whom
+    // Removed only if it is still the lock judged stale: the same token, or, for one that could
+    // not be read (half-written by a taker that died), one still unreadable and as old. A fresh
+    // lock of another taker is never removed (found in a flaky test: a lock judged gone, or one
+    // just created and not yet written, read as null and matched a null judged, and was
+    // removed, so two takers both went on).
+    const now = readHolder(path);
+    if (judged !== null ? now?.token !== judged.token : now !== null || judge(path, null, staleMs) !== 'stale') return;
     try {
       unlinkSync(path);
     } catch { /* gone already */ }
@@ -154,13 +162,18 @@ function readHolder(path: string): Holder | null {
   }
 }
 
-function stale(path: string, holder: Holder | null, staleMs: number): boolean {
+/** Whether the lock at `path` (its holder as read) is held, stale, or gone already. */
+function judge(path: string, holder: Holder | null, staleMs: number): 'live' | 'stale' | 'gone' {
   let age: number;
   try {
     age = Date.now() - statSync(path).mtimeMs;
   } catch {
-    return true; // gone already
+    return 'gone';
   }
+  return stale(holder, age, staleMs) ? 'stale' : 'live';
+}
+
+function stale(holder: Holder | null, age: number, staleMs: number): boolean {
   // Its pid is judged on this machine (boot id), in this pid namespace (found in review: a holder
   // in another container, or on another machine, with the same hostname, whose pid does not run
   // here, was taken over at once).
