@@ -2,6 +2,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Clock } from '../clock.js';
 import type { RoutingConfig } from '../config/types.js';
+import { MAX_OUTPUT_TOKEN_LIMIT } from '../config/validate.js';
 import type { ModelEntry } from '../directory.js';
 import { ERRORS, type ErrorCode, type ErrorDetails, type ErrorSpec } from '../errors.js';
 import type { RequestContext } from '../http/context.js';
@@ -211,16 +212,17 @@ export class BilledCall implements Exchange {
   }
 
   /**
-   * A final count of output past the model's `outputTokenLimit` per answer asked for, taken down
-   * to it: no provider generates more, and a broken one reporting 1e9 tokens was charged $8,000
-   * for a call that reserved 16 (found in review). Logged: a model whose real limit is higher
-   * needs its `outputTokenLimit` raised.
+   * A count of output past the largest `outputTokenLimit` any model may have (10,000,000) per
+   * answer asked for, taken down to it, and logged: no model generates that much, and a broken
+   * provider reporting 1e9 tokens was charged $8,000 for a call that reserved 16 (found in
+   * review). Not the model's own `outputTokenLimit`: a call that sets no limit is sent none, and
+   * a provider may rightly bill more than that policy on clients' limits (found in review).
    */
   private withinLimit(usage: Usage): Usage {
-    const ceiling = this.model.outputTokenLimit * this.choices;
+    const ceiling = MAX_OUTPUT_TOKEN_LIMIT * this.choices;
     if (usage.outputTokens <= ceiling) return usage;
-    this.gw.logger.warn('provider reported more output than the model allows', {
-      request_id: this.ctx.id, model: this.model.id, output_tokens: usage.outputTokens, output_token_limit: ceiling,
+    this.gw.logger.warn('provider reported more output than any model generates', {
+      request_id: this.ctx.id, model: this.model.id, output_tokens: usage.outputTokens, ceiling,
     });
     return { ...usage, outputTokens: ceiling, audioOutputTokens: Math.min(usage.audioOutputTokens ?? 0, ceiling) };
   }

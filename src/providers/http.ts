@@ -1,4 +1,4 @@
-import { request as httpRequest, type Agent as HttpAgent, type IncomingMessage, type ClientRequest } from 'node:http';
+import { request as httpRequest, type Agent as HttpAgent, type IncomingMessage, type ClientRequest, type RequestOptions } from 'node:http';
 import { request as httpsRequest } from 'node:https';
 import { performance } from 'node:perf_hooks';
 import type { Duplex } from 'node:stream';
@@ -218,15 +218,18 @@ export class HttpProvider implements Provider {
       });
     }), this.config.timeoutMs);
     request.onAbort(() => finish(() => req.destroy()));
-    const send = () => {
-      req = target.send({ method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers });
+    const send = (fresh: boolean) => {
+      const options: FreshOptions = { method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers, fresh };
+      req = target.send(options);
       const sent = req;
+      let answered = false;
       req.on('error', (err) => {
-        if (!over && closedWhileIdle(sent, err)) return send();
+        if (!over && !answered && closedWhileIdle(sent, err)) return send(true);
         finish(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(err)}).` }));
       });
       req.on('upgrade', upgraded((err) => finish(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(err)}).` }))));
       req.on('response', (res) => {
+        answered = true;
         readSome(res, MAX_ERROR_BYTES, (answer, complete) => finish(() => {
           const status = res.statusCode ?? 0;
           if (status >= 200 && status < 300 && complete) return request.answer(answer);
@@ -241,7 +244,7 @@ export class HttpProvider implements Provider {
       });
       req.end(body);
     };
-    send();
+    send(false);
   }
 
   handle(ex: Exchange): void {
@@ -315,9 +318,11 @@ export class HttpProvider implements Provider {
       current?.destroy();
     });
 
-    const attempt = (n: number): void => {
+    /** Attempt `n`; `fresh`: sent again, once, on a new connection (see closedWhileIdle). */
+    const attempt = (n: number, fresh = false): void => {
       if (phase !== 'headers') return;
-      const req = target.send(options);
+      const sent: FreshOptions = fresh ? { ...options, fresh } : options;
+      const req = target.send(sent);
       current = req;
       pending = req;
       let done = false;
@@ -349,7 +354,7 @@ export class HttpProvider implements Provider {
         if (!done && phase === 'headers' && !ex.aborted && closedWhileIdle(req, error)) {
           done = true;
           pending = null;
-          return attempt(n);
+          return attempt(n, true);
         }
         try {
           settle({ kind: 'error', error });
@@ -596,10 +601,6 @@ export class HttpProvider implements Provider {
         if (text === null) return untranslatable();
         if (text !== '') ex.write(text);
       }
-      // Ended cleanly before its final event and its usage: cut for the client as well, which
-      // would otherwise take a truncated answer for a whole one (found in review). (Usage seen
-      // without the final event, as some compatible servers send no [DONE], ends it.)
-      if (watcher.usage() === null) return cut('the provider\'s stream ended before its final event');
       endWith('');
     };
     res.on('end', () => {
@@ -702,12 +703,18 @@ function describe(error: Error): string {
   return (error as NodeJS.ErrnoException).code ?? error.message;
 }
 
+/** Request options with the pool's own: `fresh`, a new connection (see ConnectionPool.addRequest). */
+type FreshOptions = RequestOptions & { fresh?: boolean };
+
 /**
  * A request that failed on a kept-alive connection the provider had closed while it sat idle in
  * the pool (it reset the connection, or closed it as the request arrived), before any answer:
- * the provider never took the request, so it is sent again on another connection at once, as
- * no failure of the provider's (found in review: it cooled a healthy deployment down, fleet-wide,
- * and moved calls to the fallback; servers such as uvicorn close idle connections after 5 s).
+ * the provider most likely never took the request, so it is sent again at once, as no failure
+ * of the provider's (found in review: it cooled a healthy deployment down, fleet-wide, and moved
+ * calls to the fallback; servers such as uvicorn close idle connections after 5 s). Once: on a
+ * new connection (`fresh`), where the same failure is the provider's (found in review: sent
+ * again on each stale idle connection in turn, a request that crashed the provider went seven
+ * times).
  */
 function closedWhileIdle(req: ClientRequest, error: Error): boolean {
   if (!req.reusedSocket) return false;

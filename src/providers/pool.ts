@@ -58,11 +58,16 @@ export class ConnectionPool {
     return { open: this.open, idle: this.idle.length, waiting: this.waiting.length };
   }
 
-  /** Called by ClientRequest for every request. */
-  addRequest(req: ClientRequest): void {
+  /**
+   * Called by ClientRequest for every request, with its options: `fresh: true` (a request sent
+   * again because its kept-alive connection was found closed) takes no idle connection, which
+   * may be as stale, but a new one.
+   */
+  addRequest(req: ClientRequest, options?: { fresh?: boolean }): void {
     const request = req as RequestInternals;
     const now = performance.now();
     for (;;) {
+      if (options?.fresh === true) break;
       const socket = this.idle.pop();
       if (socket === undefined) break;
       const until = this.idleUntil.pop()!;

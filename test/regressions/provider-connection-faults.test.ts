@@ -21,12 +21,15 @@ describe('regression: a provider\'s connections and headers', () => {
     models: {
       pair: { price: { inputPerMillion: 1, outputPerMillion: 2 }, deployments: [{ provider: 'primary' }, { provider: 'spare', fallback: true }] },
       counted: { provider: 'ant', price: { inputPerMillion: 1, outputPerMillion: 2 } },
+      solo: { provider: 'solo', price: { inputPerMillion: 1, outputPerMillion: 2 } },
     },
     providers: {
       primary: { protocol: 'openai', baseUrl: `${base}/v1` },
       // Another origin's name for the same server: its own pool, so the primary's sockets are its own.
       spare: { protocol: 'openai', baseUrl: `${base.replace('127.0.0.1', 'localhost')}/v1` },
       ant: { protocol: 'anthropic', baseUrl: base },
+      // One more name for the same server, so its pool is this test's own.
+      solo: { protocol: 'openai', baseUrl: `${base.replace('127.0.0.1', '[::ffff:127.0.0.1]')}/v1` },
     },
   }));
 
@@ -57,6 +60,20 @@ describe('regression: a provider\'s connections and headers', () => {
       const res = await postJson(`${gw().url}/v1/messages/count_tokens`, 'sk-f', { model: 'counted', messages: [{ role: 'user', content: 'hi' }] });
       assert.deepEqual([res.status, await res.json()], [200, { input_tokens: 7 }], `count ${i}`);
     }
+  });
+
+  test('a request the provider resets every time is sent again once per attempt, on a new connection, not on every idle one', async () => {
+    up.fallback = (_req, res) => json(res, 200, openaiCompletion('ok'));
+    const call = () => postJson(`${gw().url}/v1/chat/completions`, 'sk-f', { model: 'solo', messages: [{ role: 'user', content: 'hi' }] });
+    // Five connections left idle in the pool.
+    await Promise.all(Array.from({ length: 5 }, async () => (await call()).text()));
+    up.fallback = (req) => req.socket.resetAndDestroy();
+    const hits = up.hits;
+    const res = await call();
+    assert.equal(res.status, 502);
+    await res.text();
+    // Two attempts (routing.maxAttempts), each sent again once on a new connection.
+    assert.equal(up.hits - hits, 4);
   });
 
   test('a stream sent as Text/Event-Stream is relayed as a stream and charged its usage', async () => {
