@@ -4,7 +4,7 @@ import { boolField, capField, ENTITY_ID, ENTITY_ID_RULE, limitField, modelsField
 import type { AccountConfig, Limit, PlanConfig } from '../config/types.js';
 import { GatewayError } from '../errors.js';
 import type { RouteHost } from './host.js';
-import { readBodyAsync } from '../http/body.js';
+import { bodyRefusal, readBodyAsync } from '../http/body.js';
 import type { RequestContext } from '../http/context.js';
 import { sendError, sendJson } from '../http/reply.js';
 import { microToUsd, parseUsd } from '../money.js';
@@ -28,7 +28,8 @@ function withBody(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res:
       if (!result.ok) {
         if (result.reason === 'aborted') return;
         ctx.closeConnection = true;
-        return sendError(ctx, res, 'payload_too_large', gw.done);
+        const refusal = bodyRefusal(result.reason, gw.config.server.maxBodyBytes);
+        return sendError(ctx, res, refusal.code, gw.done, { message: refusal.message });
       }
       let body: unknown;
       try {

@@ -1,6 +1,6 @@
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import { BilledCall } from '../billing/call.js';
-import { readBody, type BodyResult } from '../http/body.js';
+import { bodyRefusal, readBody, type BodyResult } from '../http/body.js';
 import { bodyShapeProblem } from '../http/body-shape.js';
 import type { RequestContext } from '../http/context.js';
 import { sendError } from '../http/reply.js';
@@ -86,9 +86,8 @@ function afterBody(
       return gw.done(ctx);
     }
     ctx.closeConnection = true; // the rest of the body is not read
-    return sendError(ctx, res, 'payload_too_large', gw.done, {
-      message: `The request body is larger than ${gw.config.server.maxBodyBytes} bytes.`,
-    });
+    const refusal = bodyRefusal(result.reason, gw.config.server.maxBodyBytes);
+    return sendError(ctx, res, refusal.code, gw.done, { message: refusal.message });
   }
   const shape = bodyShapeProblem(result.body);
   if (shape !== null) return sendError(ctx, res, 'invalid_request', gw.done, { message: shape, fields: { param: null } });

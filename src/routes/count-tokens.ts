@@ -1,7 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AccountEntry, KeyEntry, ModelEntry } from '../directory.js';
 import { estimateInputTokens, MAX_DEPTH } from '../billing/estimate.js';
-import { readBody } from '../http/body.js';
+import { bodyRefusal, readBody } from '../http/body.js';
 import { bodyShapeProblem } from '../http/body-shape.js';
 import type { RequestContext } from '../http/context.js';
 import { noLongerWaiting, whenConnectionCloses } from '../http/pipelined.js';
@@ -41,7 +41,8 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
           return gw.done(ctx);
         }
         ctx.closeConnection = true;
-        return sendError(ctx, res, 'payload_too_large', gw.done);
+        const refusal = bodyRefusal(result.reason, gw.config.server.maxBodyBytes);
+        return sendError(ctx, res, refusal.code, gw.done, { message: refusal.message });
       }
       const shape = bodyShapeProblem(result.body);
       if (shape !== null) return sendError(ctx, res, 'invalid_request', gw.done, { message: shape, fields: { param: null } });

@@ -1,0 +1,68 @@
+import assert from 'node:assert/strict';
+import { connect } from 'node:net';
+import { after, before, describe, test } from 'node:test';
+import { MAX_BODY_PIECES } from '../../src/http/body.js';
+import { chatBody, startGateway, testConfig, type Running } from '../helpers/gateway.js';
+
+/**
+ * Found in review of a hostile client before admission: a chunked body sent a byte a chunk
+ * (4 million pieces, under maxBodyBytes) took 10 s of CPU and 1.6 GB of memory, every piece a
+ * Buffer of its own, and a few such requests ended the process; and a body sent after a 401 or
+ * 404 was drained by Node for up to requestTimeoutMs on a connection kept alive.
+ */
+describe('regression: request bodies from a hostile client', () => {
+  let gw: Running;
+  before(async () => {
+    gw = await startGateway(testConfig({ server: { host: '127.0.0.1', port: 0, maxBodyBytes: 8 * 1024 * 1024 } }));
+  });
+  after(() => gw.close());
+
+  /** Sends raw bytes on a new connection; resolves with all that came back once the server closes it, or after `ms`. */
+  const exchange = (bytes: string | Buffer, ms = 10_000) => new Promise<string>((resolve, reject) => {
+    const { port } = new URL(gw.url);
+    const socket = connect(Number(port), '127.0.0.1');
+    let text = '';
+    const timer = setTimeout(() => { socket.destroy(); resolve(text); }, ms);
+    socket.on('data', (d: Buffer) => { text += d.toString(); });
+    socket.on('close', () => { clearTimeout(timer); resolve(text); });
+    socket.on('error', reject);
+    socket.write(bytes); // not end: a half-close is a client gone
+  });
+  const head = (path: string, key: string, extra = '') =>
+    `POST ${path} HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nAuthorization: Bearer ${key}\r\n${extra}Transfer-Encoding: chunked\r\n\r\n`;
+  /** `text` as a chunked body in pieces of `size` characters. */
+  const chunked = (text: string, size: number) => {
+    const parts: string[] = [];
+    for (let i = 0; i < text.length; i += size) {
+      const piece = text.slice(i, i + size);
+      parts.push(`${Buffer.byteLength(piece).toString(16)}\r\n${piece}\r\n`);
+    }
+    return `${parts.join('')}0\r\n\r\n`;
+  };
+
+  test(`a body in more than ${MAX_BODY_PIECES} pieces is 400 at once and its connection closed, unread`, async () => {
+    const began = Date.now();
+    const answer = await exchange(head('/v1/chat/completions', 'sk-alice') + chunked('x'.repeat(MAX_BODY_PIECES + 1000), 1));
+    assert.match(answer, /^HTTP\/1\.1 400 /);
+    assert.match(answer, /more than 65536 pieces/);
+    assert.match(answer, /connection: close/i);
+    assert.ok(Date.now() - began < 5000, `took ${Date.now() - began} ms`);
+  });
+
+  test('a body in many small pieces (under the bound) arrives whole', async () => {
+    // About 50,000 pieces of 3 bytes: the JSON must come through byte for byte.
+    const text = JSON.stringify(chatBody('echo-1', 'z'.repeat(150_000)));
+    const answer = await exchange(head('/v1/chat/completions', 'sk-alice', 'Connection: close\r\n') + chunked(text, 3));
+    assert.match(answer, /^HTTP\/1\.1 200 /, answer.slice(-400));
+    assert.match(answer, /zzzz/);
+  });
+
+  test('a 401 or 404 to a request with a body closes its connection: the body is not drained', async () => {
+    for (const [path, key, status] of [['/v1/chat/completions', 'sk-wrong', 401], ['/v1/nothing-here', 'sk-alice', 404]] as const) {
+      // A body announced but never finished: kept alive, Node would wait for it until the request timeout.
+      const answer = await exchange(`${head(path, key)}5\r\nhello\r\n`, 5_000);
+      assert.match(answer, new RegExp(`^HTTP/1\\.1 ${status} `), path);
+      assert.match(answer, /connection: close/i, path);
+    }
+  });
+});
