@@ -5,6 +5,7 @@ import { systemClock, type Clock } from './clock.js';
 import type { GatewayConfig } from './config/types.js';
 import { Directory, type AccountEntry } from './directory.js';
 import { GatewayError, type ErrorCode, type ErrorDetails } from './errors.js';
+import { BodyBudget } from './http/body.js';
 import { RequestContext, validIdempotencyKey } from './http/context.js';
 import { sendError, sendErrorSpec } from './http/reply.js';
 import { MemoryLedger } from './ledger/memory.js';
@@ -51,6 +52,7 @@ export class Gateway implements RouteHost {
   readonly clock: Clock;
   readonly logger: Logger;
   readonly limiter: Limiter;
+  readonly bodies = new BodyBudget(() => this.config.server.maxBodyBytes);
   readonly ledger: Ledger;
   readonly router = new Router<RouteHost>();
   readonly metrics: Metrics;

@@ -1,6 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 
-export type BodyResult = { ok: true; body: Buffer } | { ok: false; reason: 'too_large' | 'fragmented' | 'aborted' };
+export type BodyResult = { ok: true; body: Buffer } | { ok: false; reason: 'too_large' | 'fragmented' | 'busy' | 'aborted' };
 
 /**
  * The most pieces a body may come in. Node hands each chunk of a chunked body to JavaScript as
@@ -14,13 +14,48 @@ const SMALL_PIECE = 4096;
 const SMALL_RUN = 64;
 
 /**
+ * The bytes of request bodies being read, before admission: at most 16 bodies' worth
+ * (`maxBodyBytes`) for one key, and 256 in all. A body is read before any limit is checked (the
+ * contract's order), so without this one key's connections, each sending a body just under the
+ * limit and then nothing until the request timeout, could hold 10,000 x 4 MiB (found in review).
+ */
+export class BodyBudget {
+  private total = 0;
+  private readonly byKey = new Map<string, number>();
+
+  constructor(private readonly maxBodyBytes: () => number) {}
+
+  /** Takes `bytes` for `key`'s body; false (nothing taken) when that would pass a bound. */
+  take(key: string, bytes: number): boolean {
+    const max = this.maxBodyBytes();
+    const mine = this.byKey.get(key) ?? 0;
+    if (mine + bytes > 16 * max || this.total + bytes > 256 * max) return false;
+    this.byKey.set(key, mine + bytes);
+    this.total += bytes;
+    return true;
+  }
+
+  give(key: string, bytes: number): void {
+    const left = (this.byKey.get(key) ?? 0) - bytes;
+    if (left > 0) this.byKey.set(key, left);
+    else this.byKey.delete(key);
+    this.total -= bytes;
+  }
+
+  /** Bytes held now, in all: for tests. */
+  get held(): number {
+    return this.total;
+  }
+}
+
+/**
  * Reads a request body, enforcing the size limit while reading: a declared Content-Length
  * over the limit is refused before a byte is read, and a body that grows past it (or past
- * MAX_BODY_PIECES pieces) stops being buffered at once. Calls `then` exactly once. A callback,
+ * MAX_BODY_PIECES pieces, or past `key`'s share of `bodies`) stops being buffered at once. Calls `then` exactly once. A callback,
  * not a promise, and its listeners stay (each ignores what comes after the result): this runs
  * for every model call.
  */
-export function readBody(req: IncomingMessage, maxBytes: number, then: (result: BodyResult) => void): void {
+export function readBody(req: IncomingMessage, maxBytes: number, then: (result: BodyResult) => void, bodies?: BodyBudget, key = ''): void {
   const declared = req.headers['content-length'];
   if (declared !== undefined && Number(declared) > maxBytes) return then({ ok: false, reason: 'too_large' });
   const chunks: Buffer[] = [];
@@ -38,10 +73,15 @@ export function readBody(req: IncomingMessage, maxBytes: number, then: (result: 
   const done = (result: BodyResult) => {
     if (settled) return;
     settled = true;
+    if (bodies !== undefined && size > 0) bodies.give(key, size);
     then(result);
   };
   req.on('data', (chunk: Buffer) => {
     if (settled) return;
+    if (bodies !== undefined && !bodies.take(key, chunk.length)) {
+      req.pause();
+      return done({ ok: false, reason: 'busy' });
+    }
     size += chunk.length;
     if (size > maxBytes || ++pieces > MAX_BODY_PIECES) {
       req.pause();
@@ -69,10 +109,14 @@ export function readBody(req: IncomingMessage, maxBytes: number, then: (result: 
 }
 
 /** The answer to a body refused while it was read (its connection is then closed: the rest is not read). */
-export function bodyRefusal(reason: 'too_large' | 'fragmented', maxBytes: number): { code: 'payload_too_large' | 'invalid_request'; message: string } {
-  return reason === 'too_large'
-    ? { code: 'payload_too_large', message: `The request body is larger than ${maxBytes} bytes.` }
-    : { code: 'invalid_request', message: `The request body came in more than ${MAX_BODY_PIECES} pieces; send it in fewer, larger chunks.` };
+export function bodyRefusal(reason: 'too_large' | 'fragmented' | 'busy', maxBytes: number): {
+  code: 'payload_too_large' | 'invalid_request' | 'concurrency_limit_exceeded'; message: string; retryAfterS?: number;
+} {
+  switch (reason) {
+    case 'too_large': return { code: 'payload_too_large', message: `The request body is larger than ${maxBytes} bytes.` };
+    case 'fragmented': return { code: 'invalid_request', message: `The request body came in more than ${MAX_BODY_PIECES} pieces; send it in fewer, larger chunks.` };
+    case 'busy': return { code: 'concurrency_limit_exceeded', message: 'Too many request bodies are being received for this key, or in all; retry shortly.', retryAfterS: 1 };
+  }
 }
 
 /** The same as a promise (for the admin API, which is not a hot path). */

@@ -39,7 +39,7 @@ function modelCall(wire: WireProtocol) {
       } catch (err) {
         gw.fault(ctx, res, err);
       }
-    });
+    }, gw.bodies, ctx.key!.id);
   };
 }
 
@@ -87,7 +87,7 @@ function afterBody(
     }
     ctx.closeConnection = true; // the rest of the body is not read
     const refusal = bodyRefusal(result.reason, gw.config.server.maxBodyBytes);
-    return sendError(ctx, res, refusal.code, gw.done, { message: refusal.message });
+    return sendError(ctx, res, refusal.code, gw.done, { message: refusal.message, retryAfterS: refusal.retryAfterS });
   }
   const shape = bodyShapeProblem(result.body);
   if (shape !== null) return sendError(ctx, res, 'invalid_request', gw.done, { message: shape, fields: { param: null } });

@@ -42,7 +42,7 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         }
         ctx.closeConnection = true;
         const refusal = bodyRefusal(result.reason, gw.config.server.maxBodyBytes);
-        return sendError(ctx, res, refusal.code, gw.done, { message: refusal.message });
+        return sendError(ctx, res, refusal.code, gw.done, { message: refusal.message, retryAfterS: refusal.retryAfterS });
       }
       const shape = bodyShapeProblem(result.body);
       if (shape !== null) return sendError(ctx, res, 'invalid_request', gw.done, { message: shape, fields: { param: null } });
@@ -136,7 +136,7 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
     } catch (err) {
       gw.fault(ctx, res, err);
     }
-  });
+  }, gw.bodies, ctx.key!.id);
 }
 
 /**

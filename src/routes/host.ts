@@ -2,6 +2,7 @@ import type { ServerResponse } from 'node:http';
 import type { Credits } from '../admin/credits.js';
 import type { AdminState, AdminStore } from '../admin/state.js';
 import type { CallHost } from '../billing/call.js';
+import type { BodyBudget } from '../http/body.js';
 import type { GatewayConfig } from '../config/types.js';
 import type { Directory } from '../directory.js';
 import type { RequestContext } from '../http/context.js';
@@ -20,6 +21,8 @@ export interface RouteHost extends CallHost, RoutingHost {
   readonly directory: Directory;
   readonly ledger: Ledger;
   readonly providers: ReadonlyMap<string, Provider>;
+  /** The bytes of request bodies being read, bounded per key and in all. */
+  readonly bodies: BodyBudget;
   readonly admin: AdminStore;
   readonly credits: Credits;
   /** Runs `then` once the limiter admits (a value or a promise); a denial is answered. */

@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { connect } from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import { MAX_BODY_PIECES } from '../../src/http/body.js';
-import { chatBody, startGateway, testConfig, type Running } from '../helpers/gateway.js';
+import { chatBody, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
 /**
  * Found in review of a hostile client before admission: a chunked body sent a byte a chunk
@@ -64,5 +64,29 @@ describe('regression: request bodies from a hostile client', () => {
       assert.match(answer, new RegExp(`^HTTP/1\\.1 ${status} `), path);
       assert.match(answer, /connection: close/i, path);
     }
+  });
+
+  test('one key\'s bodies held unfinished take at most 16 bodies\' worth; the next is 429 at once, another key\'s goes on, and all is given back', async () => {
+    const max = 8 * 1024 * 1024;
+    const { port } = new URL(gw.url);
+    // Sixteen connections of one key, each a body of maxBodyBytes less one byte, never finished.
+    const stalled = await Promise.all(Array.from({ length: 16 }, () => new Promise<import('node:net').Socket>((resolve) => {
+      const socket = connect(Number(port), '127.0.0.1', () => {
+        socket.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sk-alice\r\nContent-Type: application/json\r\nContent-Length: ${max}\r\n\r\n`);
+        socket.write(Buffer.alloc(max - 1, 32), () => resolve(socket));
+      });
+    })));
+    try {
+      await until(() => gw.gateway.bodies.held >= 16 * (max - 1), 10_000, 'the bodies held');
+      const refused = await exchange(`POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer sk-alice\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n${' '.repeat(1000)}`, 5_000);
+      assert.match(refused, /^HTTP\/1\.1 429 /);
+      assert.match(refused, /retry-after: 1/i);
+      const other = await postJson(`${gw.url}/v1/chat/completions`, 'sk-bob', chatBody('echo-1'));
+      assert.equal(other.status, 200, 'another key is not held up');
+      await other.text();
+    } finally {
+      for (const socket of stalled) socket.destroy();
+    }
+    await until(() => gw.gateway.bodies.held === 0, 5000, 'the bytes given back');
   });
 });
