@@ -27,6 +27,7 @@ export function createGatewayServer(gateway: Gateway): Server {
   server.maxConnections = maxConnections;
   cutStalledReaders(server, () => gateway.config.server.clientIdleTimeoutMs, gateway.logger);
   server.on('checkExpectation', gateway.expectationFailed);
+  server.on('checkContinue', gateway.handleContinue);
   server.on('clientError', (err: NodeJS.ErrnoException, socket: Socket) => {
     // An answer under way on this connection (a malformed request pipelined after it, or a
     // body never finished after it): nothing may be written into it, as Node's own handler does.

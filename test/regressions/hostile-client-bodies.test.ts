@@ -89,4 +89,27 @@ describe('regression: request bodies from a hostile client', () => {
     }
     await until(() => gw.gateway.bodies.held === 0, 5000, 'the bytes given back');
   });
+
+  test('Expect: 100-continue is answered only once the request passed its key and size: refused ones are never asked for the body', async () => {
+    const body = JSON.stringify(chatBody('echo-1'));
+    const ask = (key: string, length: number) => `POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer ${key}\r\n` +
+      `Content-Type: application/json\r\nContent-Length: ${length}\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n`;
+    const noKey = await exchange(ask('sk-wrong', body.length), 5_000);
+    assert.match(noKey, /^HTTP\/1\.1 401 /, 'no 100 Continue first');
+    const tooLarge = await exchange(ask('sk-alice', 9 * 1024 * 1024), 5_000);
+    assert.match(tooLarge, /^HTTP\/1\.1 413 /, 'no 100 Continue first');
+    // A good one is asked for its body, sends it, and is answered.
+    const answer = await new Promise<string>((resolve, reject) => {
+      const socket = connect(Number(new URL(gw.url).port), '127.0.0.1');
+      let text = '';
+      socket.on('data', (d: Buffer) => {
+        text += d.toString();
+        if (text === 'HTTP/1.1 100 Continue\r\n\r\n') socket.write(body);
+      });
+      socket.on('close', () => resolve(text));
+      socket.on('error', reject);
+      socket.write(ask('sk-alice', body.length));
+    });
+    assert.match(answer, /^HTTP\/1\.1 100 Continue\r\n\r\nHTTP\/1\.1 200 /);
+  });
 });
