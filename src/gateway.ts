@@ -4,7 +4,7 @@ import { performance } from 'node:perf_hooks';
 import { systemClock, type Clock } from './clock.js';
 import type { GatewayConfig } from './config/types.js';
 import { Directory, type AccountEntry } from './directory.js';
-import { GatewayError, type ErrorCode, type ErrorDetails } from './errors.js';
+import { GatewayError } from './errors.js';
 import { BodyBudget } from './http/body.js';
 import { RequestContext, validIdempotencyKey } from './http/context.js';
 import { sendError, sendErrorSpec } from './http/reply.js';
@@ -221,32 +221,32 @@ export class Gateway implements RouteHost {
       return sendError(ctx, res, 'invalid_request', this.done, { message });
     }
     const route = this.router.find(ctx);
-    if (route === undefined) return this.refuse(ctx, req, res, 'not_found');
+    if (route === undefined) return sendError(ctx, res, 'not_found', this.done);
     ctx.route = route.label;
     if (route.anthropic) ctx.anthropic = true;
     const handler = route.methods[ctx.method];
-    if (handler === undefined) return this.refuse(ctx, req, res, 'method_not_allowed', {}, ['allow', route.allow]);
+    if (handler === undefined) return sendError(ctx, res, 'method_not_allowed', this.done, {}, ['allow', route.allow]);
     if (route.admin) {
       // Admin requests count toward no account's limits; an ordinary API key is 403.
-      if (ctx.apiKey === null) return this.refuse(ctx, req, res, 'invalid_api_key');
-      if (ctx.apiKey === '') return this.refuse(ctx, req, res, 'missing_api_key');
+      if (ctx.apiKey === null) return sendError(ctx, res, 'invalid_api_key', this.done);
+      if (ctx.apiKey === '') return sendError(ctx, res, 'missing_api_key', this.done);
       if (!this.isAdminKey(ctx.apiKey)) {
         const ordinary = this.directory.keyByHash(hash('sha256', ctx.apiKey)) !== undefined;
-        return this.refuse(ctx, req, res, ordinary ? 'permission_denied' : 'invalid_api_key', ordinary ? { message: 'Admin endpoints need the admin key.' } : {});
+        return sendError(ctx, res, ordinary ? 'permission_denied' : 'invalid_api_key', this.done, ordinary ? { message: 'Admin endpoints need the admin key.' } : {});
       }
       if (ctx.idempotencyKey !== undefined && !validIdempotencyKey(ctx.idempotencyKey)) {
-        return this.refuse(ctx, req, res, 'invalid_idempotency_key');
+        return sendError(ctx, res, 'invalid_idempotency_key', this.done);
       }
     } else if (route.auth) {
       if (ctx.apiKey === null) {
-        return this.refuse(ctx, req, res, 'invalid_api_key', { message: 'x-api-key and Authorization carry different keys.' });
+        return sendError(ctx, res, 'invalid_api_key', this.done, { message: 'x-api-key and Authorization carry different keys.' });
       }
-      if (ctx.apiKey === '') return this.refuse(ctx, req, res, 'missing_api_key');
+      if (ctx.apiKey === '') return sendError(ctx, res, 'missing_api_key', this.done);
       const key = this.directory.keyByHash(hash('sha256', ctx.apiKey));
-      if (key === undefined || key.disabled) return this.refuse(ctx, req, res, 'invalid_api_key');
+      if (key === undefined || key.disabled) return sendError(ctx, res, 'invalid_api_key', this.done);
       ctx.key = key;
       if (ctx.idempotencyKey !== undefined && !validIdempotencyKey(ctx.idempotencyKey)) {
-        return this.refuse(ctx, req, res, 'invalid_idempotency_key');
+        return sendError(ctx, res, 'invalid_idempotency_key', this.done);
       }
     }
     // The body is asked for only now, past every check before the handler (see handleContinue).
@@ -268,17 +268,6 @@ export class Gateway implements RouteHost {
     (req as ContinueRequest).continueWanted = true;
     this.handle(req, res);
   };
-
-  /**
-   * An error answered before the route's handler read the body: a body the request announced is
-   * not read, so its connection closes after the answer (found in review: Node drained it, a
-   * byte a chunk, for up to `requestTimeoutMs`, then answered the same request again, 408).
-   */
-  private refuse(ctx: RequestContext, req: IncomingMessage, res: ServerResponse, code: ErrorCode, details: ErrorDetails = {}, extra: string[] = []): void {
-    const length = req.headers['content-length'];
-    if (req.headers['transfer-encoding'] !== undefined || (length !== undefined && length !== '0')) ctx.closeConnection = true;
-    sendError(ctx, res, code, this.done, details, extra);
-  }
 
   /** A request with an `Expect` other than 100-continue (Node's 'checkExpectation'): 417 in the envelope. */
   readonly expectationFailed = (req: IncomingMessage, res: ServerResponse): void => {

@@ -15,9 +15,10 @@ const SMALL_RUN = 64;
 
 /**
  * The bytes of request bodies being read, before admission: at most 16 bodies' worth
- * (`maxBodyBytes`) for one key, and 256 in all. A body is read before any limit is checked (the
- * contract's order), so without this one key's connections, each sending a body just under the
- * limit and then nothing until the request timeout, could hold 10,000 x 4 MiB (found in review).
+ * (`maxBodyBytes`) for one account, and 256 in all. A body is read before any limit is checked
+ * (the contract's order), so without this one key's connections, each sending a body just under
+ * the limit and then nothing until the request timeout, could hold 10,000 x 4 MiB (found in
+ * review); counted by account, not by key, as an account's many keys could otherwise take all.
  */
 export class BodyBudget {
   private total = 0;
@@ -25,7 +26,7 @@ export class BodyBudget {
 
   constructor(private readonly maxBodyBytes: () => number) {}
 
-  /** Takes `bytes` for `key`'s body; false (nothing taken) when that would pass a bound. */
+  /** Takes `bytes` for a body of `key` (an account); false (nothing taken) when that would pass a bound. */
   take(key: string, bytes: number): boolean {
     const max = this.maxBodyBytes();
     const mine = this.byKey.get(key) ?? 0;
@@ -78,15 +79,14 @@ export function readBody(req: IncomingMessage, maxBytes: number, then: (result: 
   };
   req.on('data', (chunk: Buffer) => {
     if (settled) return;
-    if (bodies !== undefined && !bodies.take(key, chunk.length)) {
+    // The body's own faults first: a body that cannot pass is never told to retry (found in review).
+    const problem = size + chunk.length > maxBytes ? 'too_large' : ++pieces > MAX_BODY_PIECES ? 'fragmented'
+      : bodies !== undefined && !bodies.take(key, chunk.length) ? 'busy' : null;
+    if (problem !== null) {
       req.pause();
-      return done({ ok: false, reason: 'busy' });
+      return done({ ok: false, reason: problem });
     }
-    size += chunk.length;
-    if (size > maxBytes || ++pieces > MAX_BODY_PIECES) {
-      req.pause();
-      return done({ ok: false, reason: size > maxBytes ? 'too_large' : 'fragmented' });
-    }
+    size += chunk.length; // taken from `bodies`, given back whole at the end
     // Most bodies come in one piece: kept as it is, as large ones are.
     if (chunk.length >= SMALL_PIECE || pieces === 1) {
       if (small !== null) joinSmall();

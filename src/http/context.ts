@@ -32,6 +32,13 @@ export class RequestContext {
   anthropic = false;
   /** Ask the client to close the connection after this response (draining, unread body). */
   closeConnection = false;
+  /**
+   * The request announced a body no handler has taken to read: any answer then closes the
+   * connection, which Node would otherwise keep, draining the body for up to `requestTimeoutMs`
+   * and then answering the same request again, 408 (found in review). A handler that reads the
+   * body sets it false.
+   */
+  unreadBody = false;
   /** The path parameter of a pattern route (`/v1/models/{id}`). */
   param = '';
   /** Set once the access log line is written. */
@@ -59,6 +66,7 @@ export class RequestContext {
     let idempotencyKey: string | undefined;
     let conflict = false;
     let hosts = 0;
+    let unreadBody = false;
     const raw = req.rawHeaders;
     // Hot path: compare lengths first so most header names are skipped, then the usual
     // spellings, so a name is lowercased only when it is written unusually.
@@ -83,6 +91,12 @@ export class RequestContext {
             authorization = raw[i + 1];
           }
           break;
+        case 14:
+          if ((name === 'content-length' || name === 'Content-Length' || name.toLowerCase() === 'content-length') && raw[i + 1] !== '0') unreadBody = true;
+          break;
+        case 17:
+          if (name === 'transfer-encoding' || name === 'Transfer-Encoding' || name.toLowerCase() === 'transfer-encoding') unreadBody = true;
+          break;
         case 15:
           if (name === 'idempotency-key' || name === 'Idempotency-Key' || name.toLowerCase() === 'idempotency-key') {
             // Two different values: neither is the key (a proxy in front may go by the first,
@@ -93,6 +107,7 @@ export class RequestContext {
       }
     }
     this.hosts = hosts;
+    this.unreadBody = unreadBody;
     this.id = requestId !== undefined && REQUEST_ID.test(requestId) ? requestId : newRequestId();
     this.idempotencyKey = idempotencyKey;
     this.apiKey = conflict ? null : pickKey(apiKeyHeader, authorization);

@@ -9,7 +9,7 @@ export type OnDone = (ctx: RequestContext) => void;
 export function baseHeaders(ctx: RequestContext, contentType: string): string[] {
   const headers = ['content-type', contentType, 'x-request-id', ctx.id];
   if (ctx.anthropic) headers.push('request-id', ctx.id);
-  if (ctx.closeConnection) headers.push('connection', 'close');
+  if (ctx.closeConnection || ctx.unreadBody) headers.push('connection', 'close');
   return headers;
 }
 

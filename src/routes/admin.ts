@@ -23,6 +23,7 @@ function bad(param: string, message: string): GatewayError {
 /** Reads a JSON object body with only `allowed` fields, then runs `then`; every failure is answered. */
 function withBody(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse, allowed: string[],
   then: (body: Body) => Promise<void> | void): void {
+  ctx.unreadBody = false; // read here: the connection may be kept
   readBodyAsync(req, gw.config.server.maxBodyBytes).then(async (result) => {
     try {
       if (!result.ok) {

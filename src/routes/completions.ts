@@ -33,13 +33,14 @@ export function registerCompletionRoutes(router: Router<RouteHost>): void {
 /** POST handler of a model call: body, model, admission (contract order), then the provider. */
 function modelCall(wire: WireProtocol) {
   return (gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse): void => {
+    ctx.unreadBody = false; // read here: the connection may be kept
     readBody(req, gw.config.server.maxBodyBytes, (result) => {
       try {
         afterBody(gw, ctx, req, res, wire, result);
       } catch (err) {
         gw.fault(ctx, res, err);
       }
-    }, gw.bodies, ctx.key!.id);
+    }, gw.bodies, ctx.key!.account.id);
   };
 }
 

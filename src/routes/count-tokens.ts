@@ -33,6 +33,7 @@ function countingKey(key: KeyEntry): KeyLimits {
 }
 
 function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse): void {
+  ctx.unreadBody = false; // read here: the connection may be kept
   readBody(req, gw.config.server.maxBodyBytes, (result) => {
     try {
       if (!result.ok) {
@@ -136,7 +137,7 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
     } catch (err) {
       gw.fault(ctx, res, err);
     }
-  }, gw.bodies, ctx.key!.id);
+  }, gw.bodies, ctx.key!.account.id);
 }
 
 /**
