@@ -5,7 +5,7 @@ import { systemClock, type Clock } from './clock.js';
 import type { GatewayConfig } from './config/types.js';
 import { Directory, type AccountEntry } from './directory.js';
 import { GatewayError } from './errors.js';
-import { BodyBudget } from './http/body.js';
+import { BodyBudget, type ContinueRequest } from './http/body.js';
 import { RequestContext, validIdempotencyKey } from './http/context.js';
 import { sendError, sendErrorSpec } from './http/reply.js';
 import { MemoryLedger } from './ledger/memory.js';
@@ -42,15 +42,6 @@ export interface GatewayOptions {
   cooldowns?: Cooldowns;
   /** The weighted choice's draw; default Math.random. */
   random?: () => number;
-}
-
-/** A request whose client waits for `100 Continue` before it sends its body. */
-type ContinueRequest = IncomingMessage & { continueWanted?: boolean };
-
-/** Tells the client to send its body, unless it declared one over the limit (answered 413 unread). */
-function askForBody(req: IncomingMessage, res: ServerResponse, maxBodyBytes: number): void {
-  const declared = req.headers['content-length'];
-  if (declared === undefined || Number(declared) <= maxBodyBytes) res.writeContinue();
 }
 
 /**
@@ -249,8 +240,6 @@ export class Gateway implements RouteHost {
         return sendError(ctx, res, 'invalid_idempotency_key', this.done);
       }
     }
-    // The body is asked for only now, past every check before the handler (see handleContinue).
-    if ((req as ContinueRequest).continueWanted === true) askForBody(req, res, this.config.server.maxBodyBytes);
     try {
       handler(this, ctx, req, res);
     } catch (err) {
@@ -260,9 +249,9 @@ export class Gateway implements RouteHost {
 
   /**
    * A request with `Expect: 100-continue` (Node's 'checkContinue'): its client sends the body
-   * once told to. Node would tell it at once; it is told only when the request passed the route,
-   * the key and the declared size (found in review: a client with no key was asked for the body,
-   * answered 401, then held until the request timeout).
+   * once told to. Node would tell it at once; it is told only when a handler begins to read the
+   * body (`takeBody`), past the route, the key and the declared size (found in review: a client
+   * with no key was asked for the body, answered 401, then held until the request timeout).
    */
   readonly handleContinue = (req: IncomingMessage, res: ServerResponse): void => {
     (req as ContinueRequest).continueWanted = true;

@@ -1,4 +1,5 @@
-import type { IncomingMessage } from 'node:http';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { RequestContext } from './context.js';
 
 export type BodyResult = { ok: true; body: Buffer } | { ok: false; reason: 'too_large' | 'fragmented' | 'busy' | 'aborted' };
 
@@ -115,8 +116,24 @@ export function bodyRefusal(reason: 'too_large' | 'fragmented' | 'busy', maxByte
   switch (reason) {
     case 'too_large': return { code: 'payload_too_large', message: `The request body is larger than ${maxBytes} bytes.` };
     case 'fragmented': return { code: 'invalid_request', message: `The request body came in more than ${MAX_BODY_PIECES} pieces; send it in fewer, larger chunks.` };
-    case 'busy': return { code: 'concurrency_limit_exceeded', message: 'Too many request bodies are being received for this key, or in all; retry shortly.', retryAfterS: 1 };
+    case 'busy': return { code: 'concurrency_limit_exceeded', message: 'Too many request bodies are being received for this account, or in all; retry shortly.', retryAfterS: 1 };
   }
+}
+
+/** A request whose client waits for `100 Continue` before it sends its body. */
+export type ContinueRequest = IncomingMessage & { continueWanted?: boolean };
+
+/**
+ * A handler begins to read the request's body: the connection may then be kept, and a client
+ * waiting for `100 Continue` is told to send it now, unless it declared one over the limit
+ * (answered 413 unread). Not before: a request refused first never asks for a body it drops
+ * (found in review).
+ */
+export function takeBody(ctx: RequestContext, req: IncomingMessage, res: ServerResponse, maxBytes: number): void {
+  ctx.unreadBody = false;
+  if ((req as ContinueRequest).continueWanted !== true) return;
+  const declared = req.headers['content-length'];
+  if (declared === undefined || Number(declared) <= maxBytes) res.writeContinue();
 }
 
 /** The same as a promise (for the admin API, which is not a hot path). */

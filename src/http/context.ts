@@ -92,7 +92,7 @@ export class RequestContext {
           }
           break;
         case 14:
-          if ((name === 'content-length' || name === 'Content-Length' || name.toLowerCase() === 'content-length') && raw[i + 1] !== '0') unreadBody = true;
+          if ((name === 'content-length' || name === 'Content-Length' || name.toLowerCase() === 'content-length') && Number(raw[i + 1]) !== 0) unreadBody = true;
           break;
         case 17:
           if (name === 'transfer-encoding' || name === 'Transfer-Encoding' || name.toLowerCase() === 'transfer-encoding') unreadBody = true;

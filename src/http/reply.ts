@@ -5,9 +5,9 @@ import type { RequestContext } from './context.js';
 /** Called once per request when its answer is complete (the access log). */
 export type OnDone = (ctx: RequestContext) => void;
 
-/** The headers every answer carries: request id (twice for /v1/messages) and the close hint. */
-export function baseHeaders(ctx: RequestContext, contentType: string): string[] {
-  const headers = ['content-type', contentType, 'x-request-id', ctx.id];
+/** The headers every answer carries: request id (twice for /v1/messages) and the close hint; its content type, if it has a body. */
+export function baseHeaders(ctx: RequestContext, contentType: string | null): string[] {
+  const headers = contentType === null ? ['x-request-id', ctx.id] : ['content-type', contentType, 'x-request-id', ctx.id];
   if (ctx.anthropic) headers.push('request-id', ctx.id);
   if (ctx.closeConnection || ctx.unreadBody) headers.push('connection', 'close');
   return headers;

@@ -4,9 +4,9 @@ import { boolField, capField, ENTITY_ID, ENTITY_ID_RULE, limitField, modelsField
 import type { AccountConfig, Limit, PlanConfig } from '../config/types.js';
 import { GatewayError } from '../errors.js';
 import type { RouteHost } from './host.js';
-import { bodyRefusal, readBodyAsync } from '../http/body.js';
+import { bodyRefusal, readBodyAsync, takeBody } from '../http/body.js';
 import type { RequestContext } from '../http/context.js';
-import { sendError, sendJson } from '../http/reply.js';
+import { baseHeaders, sendError, sendJson } from '../http/reply.js';
 import { microToUsd, parseUsd } from '../money.js';
 import type { Router } from '../router.js';
 import { historyItem } from './account.js';
@@ -23,7 +23,7 @@ function bad(param: string, message: string): GatewayError {
 /** Reads a JSON object body with only `allowed` fields, then runs `then`; every failure is answered. */
 function withBody(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse, allowed: string[],
   then: (body: Body) => Promise<void> | void): void {
-  ctx.unreadBody = false; // read here: the connection may be kept
+  takeBody(ctx, req, res, gw.config.server.maxBodyBytes);
   readBodyAsync(req, gw.config.server.maxBodyBytes).then(async (result) => {
     try {
       if (!result.ok) {
@@ -163,7 +163,7 @@ export function registerAdminRoutes(router: Router<RouteHost>): void {
         }).then((problems) => {
           if (problems.length > 0) throw rejectChange(problems, 'id');
           ctx.status = 204;
-          res.writeHead(204, ['x-request-id', ctx.id]);
+          res.writeHead(204, baseHeaders(ctx, null)); // a drain's or an unread body's close included
           res.end();
           gw.done(ctx);
         }).catch((err: unknown) => gw.fault(ctx, res, err));

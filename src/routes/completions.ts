@@ -1,6 +1,6 @@
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
 import { BilledCall } from '../billing/call.js';
-import { bodyRefusal, readBody, type BodyResult } from '../http/body.js';
+import { bodyRefusal, type BodyResult, readBody, takeBody } from '../http/body.js';
 import { bodyShapeProblem } from '../http/body-shape.js';
 import type { RequestContext } from '../http/context.js';
 import { sendError } from '../http/reply.js';
@@ -33,7 +33,7 @@ export function registerCompletionRoutes(router: Router<RouteHost>): void {
 /** POST handler of a model call: body, model, admission (contract order), then the provider. */
 function modelCall(wire: WireProtocol) {
   return (gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse): void => {
-    ctx.unreadBody = false; // read here: the connection may be kept
+    takeBody(ctx, req, res, gw.config.server.maxBodyBytes);
     readBody(req, gw.config.server.maxBodyBytes, (result) => {
       try {
         afterBody(gw, ctx, req, res, wire, result);

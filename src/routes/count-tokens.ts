@@ -1,7 +1,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AccountEntry, KeyEntry, ModelEntry } from '../directory.js';
 import { estimateInputTokens, MAX_DEPTH } from '../billing/estimate.js';
-import { bodyRefusal, readBody } from '../http/body.js';
+import { bodyRefusal, readBody, takeBody } from '../http/body.js';
 import { bodyShapeProblem } from '../http/body-shape.js';
 import type { RequestContext } from '../http/context.js';
 import { noLongerWaiting, whenConnectionCloses } from '../http/pipelined.js';
@@ -33,7 +33,7 @@ function countingKey(key: KeyEntry): KeyLimits {
 }
 
 function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse): void {
-  ctx.unreadBody = false; // read here: the connection may be kept
+  takeBody(ctx, req, res, gw.config.server.maxBodyBytes);
   readBody(req, gw.config.server.maxBodyBytes, (result) => {
     try {
       if (!result.ok) {

@@ -105,6 +105,10 @@ describe('regression: request bodies from a hostile client', () => {
     assert.match(noKey, /^HTTP\/1\.1 401 /, 'no 100 Continue first');
     const tooLarge = await exchange(ask('sk-alice', 9 * 1024 * 1024), 5_000);
     assert.match(tooLarge, /^HTTP\/1\.1 413 /, 'no 100 Continue first');
+    // A handler that reads no body never asks for one (found in review: GET /v1/models did).
+    const unread = await exchange(ask('sk-alice', 1000).replace('POST /v1/chat/completions', 'GET /v1/models'), 5_000);
+    assert.match(unread, /^HTTP\/1\.1 200 /, 'no 100 Continue first');
+    assert.match(unread, /connection: close/i);
     // A good one is asked for its body, sends it, and is answered.
     const answer = await new Promise<string>((resolve, reject) => {
       const socket = connect(Number(new URL(gw.url).port), '127.0.0.1');
