@@ -223,7 +223,8 @@ export class Gateway implements RouteHost {
       if (ctx.apiKey === '') return sendError(ctx, res, 'missing_api_key', this.done);
       if (!this.isAdminKey(ctx.apiKey)) {
         const ordinary = this.directory.keyByHash(hash('sha256', ctx.apiKey)) !== undefined;
-        return sendError(ctx, res, ordinary ? 'permission_denied' : 'invalid_api_key', this.done, ordinary ? { message: 'Admin endpoints need the admin key.' } : {});
+        return sendError(ctx, res, ordinary ? 'permission_denied' : 'invalid_api_key', this.done,
+          ordinary ? { message: 'Admin endpoints need the admin key.' } : {});
       }
       if (ctx.idempotencyKey !== undefined && !validIdempotencyKey(ctx.idempotencyKey)) {
         return sendError(ctx, res, 'invalid_idempotency_key', this.done);

@@ -23,24 +23,24 @@ const SMALL_RUN = 64;
  */
 export class BodyBudget {
   private total = 0;
-  private readonly byKey = new Map<string, number>();
+  private readonly byAccount = new Map<string, number>();
 
   constructor(private readonly maxBodyBytes: () => number) {}
 
   /** Takes `bytes` for a body of `key` (an account); false (nothing taken) when that would pass a bound. */
   take(key: string, bytes: number): boolean {
     const max = this.maxBodyBytes();
-    const mine = this.byKey.get(key) ?? 0;
+    const mine = this.byAccount.get(key) ?? 0;
     if (mine + bytes > 16 * max || this.total + bytes > 256 * max) return false;
-    this.byKey.set(key, mine + bytes);
+    this.byAccount.set(key, mine + bytes);
     this.total += bytes;
     return true;
   }
 
   give(key: string, bytes: number): void {
-    const left = (this.byKey.get(key) ?? 0) - bytes;
-    if (left > 0) this.byKey.set(key, left);
-    else this.byKey.delete(key);
+    const left = (this.byAccount.get(key) ?? 0) - bytes;
+    if (left > 0) this.byAccount.set(key, left);
+    else this.byAccount.delete(key);
     this.total -= bytes;
   }
 
@@ -53,9 +53,9 @@ export class BodyBudget {
 /**
  * Reads a request body, enforcing the size limit while reading: a declared Content-Length
  * over the limit is refused before a byte is read, and a body that grows past it (or past
- * MAX_BODY_PIECES pieces, or past `key`'s share of `bodies`) stops being buffered at once. Calls `then` exactly once. A callback,
- * not a promise, and its listeners stay (each ignores what comes after the result): this runs
- * for every model call.
+ * MAX_BODY_PIECES pieces, or past its account's share of `bodies`, `key` naming the account)
+ * stops being buffered at once. Calls `then` exactly once. A callback, not a promise, and its
+ * listeners stay (each ignores what comes after the result): this runs for every model call.
  */
 export function readBody(req: IncomingMessage, maxBytes: number, then: (result: BodyResult) => void, bodies?: BodyBudget, key = ''): void {
   const declared = req.headers['content-length'];
