@@ -116,7 +116,7 @@ export function bodyRefusal(reason: 'too_large' | 'fragmented' | 'busy', maxByte
   switch (reason) {
     case 'too_large': return { code: 'payload_too_large', message: `The request body is larger than ${maxBytes} bytes.` };
     case 'fragmented': return { code: 'invalid_request', message: `The request body came in more than ${MAX_BODY_PIECES} pieces; send it in fewer, larger chunks.` };
-    case 'busy': return { code: 'concurrency_limit_exceeded', message: 'Too many request bodies are being received for this account, or in all; retry shortly.', retryAfterS: 1 };
+    case 'busy': return { code: 'concurrency_limit_exceeded', message: 'Too many request bodies are being received or held for this account, or in all; retry shortly.', retryAfterS: 1 };
   }
 }
 

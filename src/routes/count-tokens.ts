@@ -90,6 +90,15 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
           ctx.status = 499;
           return gw.done(ctx);
         }
+        // Its body stays held until the count ends, and a count holds no slot: it counts in the
+        // account's share of the body budget meanwhile, so counts waiting on a slow provider
+        // cannot hold bodies without bound (a plan without rpm had none).
+        const account = key.account.id;
+        const held = result.body.length;
+        if (!gw.bodies.take(account, held)) {
+          const refusal = bodyRefusal('busy', gw.config.server.maxBodyBytes);
+          return sendError(ctx, res, refusal.code, gw.done, { message: refusal.message, retryAfterS: refusal.retryAfterS });
+        }
         let stops: Array<() => void> = [];
         // Answered, failed or abandoned: exactly one of them, and one access-log line (found in
         // review: a client that left mid-count stopped the count and logged nothing).
@@ -97,6 +106,7 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         const end = (): boolean => {
           if (over) return false;
           over = true;
+          gw.bodies.give(account, held);
           if (queued !== null) noLongerWaiting(queued, abandon);
           return true;
         };
@@ -132,7 +142,11 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
           },
           onAbort: (stop) => { stops.push(stop); },
         };
-        provider.countTokens(request);
+        try {
+          provider.countTokens(request);
+        } catch (err) {
+          if (end()) gw.fault(ctx, res, err); // a bug: answered, and what the count held given back
+        }
       });
     } catch (err) {
       gw.fault(ctx, res, err);
