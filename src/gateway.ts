@@ -53,6 +53,7 @@ export class Gateway implements RouteHost {
   readonly logger: Logger;
   readonly limiter: Limiter;
   readonly bodies = new BodyBudget(() => this.config.server.maxBodyBytes);
+  readonly countBodies = new BodyBudget(() => this.config.server.maxBodyBytes);
   readonly ledger: Ledger;
   readonly router = new Router<RouteHost>();
   readonly metrics: Metrics;

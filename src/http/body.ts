@@ -1,5 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { RequestContext } from './context.js';
+import { noLongerWaiting, whenConnectionCloses } from './pipelined.js';
 
 export type BodyResult = { ok: true; body: Buffer } | { ok: false; reason: 'too_large' | 'fragmented' | 'busy' | 'aborted' };
 
@@ -57,7 +58,9 @@ export class BodyBudget {
  * stops being buffered at once. Calls `then` exactly once. A callback, not a promise, and its
  * listeners stay (each ignores what comes after the result): this runs for every model call.
  */
-export function readBody(req: IncomingMessage, maxBytes: number, then: (result: BodyResult) => void, bodies?: BodyBudget, key = ''): void {
+export function readBody(
+  req: IncomingMessage, maxBytes: number, then: (result: BodyResult) => void, bodies?: BodyBudget, key = '', keepUntilClosed?: ServerResponse,
+): void {
   const declared = req.headers['content-length'];
   if (declared !== undefined && Number(declared) > maxBytes) return then({ ok: false, reason: 'too_large' });
   const chunks: Buffer[] = [];
@@ -75,7 +78,10 @@ export function readBody(req: IncomingMessage, maxBytes: number, then: (result: 
   const done = (result: BodyResult) => {
     if (settled) return;
     settled = true;
-    if (bodies !== undefined && size > 0) bodies.give(key, size);
+    if (bodies !== undefined && size > 0) {
+      if (result.ok && keepUntilClosed !== undefined) holdUntilClosed(bodies, key, size, req, keepUntilClosed);
+      else bodies.give(key, size);
+    }
     then(result);
   };
   req.on('data', (chunk: Buffer) => {
@@ -107,6 +113,24 @@ export function readBody(req: IncomingMessage, maxBytes: number, then: (result: 
   req.on('close', () => {
     if (!req.complete) done({ ok: false, reason: 'aborted' });
   });
+}
+
+/**
+ * Keeps `bytes` of `key`'s share of `bodies` until the answer closes, or, for a pipelined answer
+ * waiting behind another, until its connection does (Node never closes such an answer).
+ */
+function holdUntilClosed(bodies: BodyBudget, key: string, bytes: number, req: IncomingMessage, res: ServerResponse): void {
+  const queued = res.socket === null ? req.socket : null;
+  let held = true;
+  const give = () => {
+    if (!held) return;
+    held = false;
+    if (queued !== null) noLongerWaiting(queued, give);
+    bodies.give(key, bytes);
+  };
+  if (res.closed || queued?.destroyed === true) return give();
+  res.once('close', give);
+  if (queued !== null) whenConnectionCloses(queued, give);
 }
 
 /** The answer to a body refused while it was read (its connection is then closed: the rest is not read). */

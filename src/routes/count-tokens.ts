@@ -34,6 +34,9 @@ function countingKey(key: KeyEntry): KeyLimits {
 
 function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse): void {
   takeBody(ctx, req, res, gw.config.server.maxBodyBytes);
+  // Counts' bodies have a budget of their own, and keep their share until the answer closes: a
+  // count holds no slot, so counts waiting on a slow provider could otherwise hold bodies bounded
+  // only by rpm (found in review), and held in the model calls' budget they would refuse those.
   readBody(req, gw.config.server.maxBodyBytes, (result) => {
     try {
       if (!result.ok) {
@@ -90,15 +93,6 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
           ctx.status = 499;
           return gw.done(ctx);
         }
-        // Its body stays held until the count ends, and a count holds no slot: it counts in the
-        // account's share of the body budget meanwhile, so counts waiting on a slow provider
-        // cannot hold bodies without bound (a plan without rpm had none).
-        const account = key.account.id;
-        const held = result.body.length;
-        if (!gw.bodies.take(account, held)) {
-          const refusal = bodyRefusal('busy', gw.config.server.maxBodyBytes);
-          return sendError(ctx, res, refusal.code, gw.done, { message: refusal.message, retryAfterS: refusal.retryAfterS });
-        }
         let stops: Array<() => void> = [];
         // Answered, failed or abandoned: exactly one of them, and one access-log line (found in
         // review: a client that left mid-count stopped the count and logged nothing).
@@ -106,7 +100,6 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         const end = (): boolean => {
           if (over) return false;
           over = true;
-          gw.bodies.give(account, held);
           if (queued !== null) noLongerWaiting(queued, abandon);
           return true;
         };
@@ -145,13 +138,13 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         try {
           provider.countTokens(request);
         } catch (err) {
-          if (end()) gw.fault(ctx, res, err); // a bug: answered, and what the count held given back
+          if (end()) gw.fault(ctx, res, err); // a bug: answered, never left waiting
         }
       });
     } catch (err) {
       gw.fault(ctx, res, err);
     }
-  }, gw.bodies, ctx.key!.account.id);
+  }, gw.countBodies, ctx.key!.account.id, res);
 }
 
 /**

@@ -21,8 +21,10 @@ export interface RouteHost extends CallHost, RoutingHost {
   readonly directory: Directory;
   readonly ledger: Ledger;
   readonly providers: ReadonlyMap<string, Provider>;
-  /** The bytes of request bodies being read, bounded per key and in all. */
+  /** The bytes of request bodies being read, bounded per account and in all. */
   readonly bodies: BodyBudget;
+  /** The same for token counts, whose bodies are held until their answer closes (a count holds no slot). */
+  readonly countBodies: BodyBudget;
   readonly admin: AdminStore;
   readonly credits: Credits;
   /** Runs `then` once the limiter admits (a value or a promise); a denial is answered. */

@@ -78,17 +78,22 @@ describe('regression: count_tokens and request headers under a hostile client', 
     assert.deepEqual(lines.map((l) => l.status), [499]);
   });
 
-  test('counts waiting on the provider hold their bodies in the account\'s body budget: past 16 bodies\' worth, 429; all given back after', async () => {
+  test('counts waiting on the provider hold their bodies in a count budget of their own: past 16 bodies\' worth, 429; model calls unaffected; all given back after', async () => {
     // 4,000-byte bodies: 16 fit in 16 x maxBodyBytes (4,096 here), the 17th does not.
     const big = { model: 'claude', messages: [{ role: 'user', content: 'x'.repeat(3900) }] };
     const releases: Array<() => void> = [];
     up.fallback = (_req, res) => { releases.push(() => json(res, 200, { input_tokens: 3 })); };
     const waiting = Array.from({ length: 16 }, () => postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-c', big));
-    await until(() => gw.gateway.bodies.held >= 16 * 3900, 5000, 'the counts held');
+    await until(() => gw.gateway.countBodies.held >= 16 * 3900, 5000, 'the counts held');
     const refused = await postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-c', big);
     assert.equal(refused.status, 429);
     assert.equal(refused.headers.get('retry-after'), '1');
     await refused.text();
+    // The account's model calls still get their bodies read (found in review: held counts refused them).
+    up.queue.push((_req, res) => json(res, 200, anthropicMessage('ok')));
+    const call = await postJson(`${gw.url}/v1/messages`, 'sk-c', { ...big, max_tokens: 10 });
+    assert.equal(call.status, 200);
+    await call.text();
     // Answered one by one (the counts' pool holds one connection here).
     const answering = setInterval(() => releases.splice(0).forEach((release) => release()), 5);
     try {
@@ -97,7 +102,7 @@ describe('regression: count_tokens and request headers under a hostile client', 
       clearInterval(answering);
       up.fallback = (_req, res) => json(res, 500, { error: { message: 'no behaviour queued' } });
     }
-    await until(() => gw.gateway.bodies.held === 0, 5000, 'the bodies given back');
+    await until(() => gw.gateway.countBodies.held === 0 && gw.gateway.bodies.held === 0, 5000, 'the bodies given back');
   });
 
   test('two different Idempotency-Key headers are 400: neither is taken', async () => {
