@@ -1,6 +1,6 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { RequestContext } from './context.js';
-import { noLongerWaiting, whenConnectionCloses } from './pipelined.js';
+import { releaseWhenClosed } from './pipelined.js';
 
 export type BodyResult = { ok: true; body: Buffer } | { ok: false; reason: 'too_large' | 'fragmented' | 'busy' | 'aborted' };
 
@@ -55,8 +55,10 @@ export class BodyBudget {
  * Reads a request body, enforcing the size limit while reading: a declared Content-Length
  * over the limit is refused before a byte is read, and a body that grows past it (or past
  * MAX_BODY_PIECES pieces, or past its account's share of `bodies`, `key` naming the account)
- * stops being buffered at once. Calls `then` exactly once. A callback, not a promise, and its
- * listeners stay (each ignores what comes after the result): this runs for every model call.
+ * stops being buffered at once; a body read whole gives its share back at once, or, with
+ * `keepUntilClosed`, when that answer closes. Calls `then` exactly once. A callback, not a
+ * promise, and its listeners stay (each ignores what comes after the result): this runs for
+ * every model call.
  */
 export function readBody(
   req: IncomingMessage, maxBytes: number, then: (result: BodyResult) => void, bodies?: BodyBudget, key = '', keepUntilClosed?: ServerResponse,
@@ -79,7 +81,10 @@ export function readBody(
     if (settled) return;
     settled = true;
     if (bodies !== undefined && size > 0) {
-      if (result.ok && keepUntilClosed !== undefined) holdUntilClosed(bodies, key, size, req, keepUntilClosed);
+      // Kept until the answer closes (a pipelined one's connection, if it waits), for a caller
+      // that holds the body that long with no slot: count_tokens.
+      const taken = size;
+      if (result.ok && keepUntilClosed !== undefined) releaseWhenClosed(req, keepUntilClosed, () => bodies.give(key, taken));
       else bodies.give(key, size);
     }
     then(result);
@@ -113,24 +118,6 @@ export function readBody(
   req.on('close', () => {
     if (!req.complete) done({ ok: false, reason: 'aborted' });
   });
-}
-
-/**
- * Keeps `bytes` of `key`'s share of `bodies` until the answer closes, or, for a pipelined answer
- * waiting behind another, until its connection does (Node never closes such an answer).
- */
-function holdUntilClosed(bodies: BodyBudget, key: string, bytes: number, req: IncomingMessage, res: ServerResponse): void {
-  const queued = res.socket === null ? req.socket : null;
-  let held = true;
-  const give = () => {
-    if (!held) return;
-    held = false;
-    if (queued !== null) noLongerWaiting(queued, give);
-    bodies.give(key, bytes);
-  };
-  if (res.closed || queued?.destroyed === true) return give();
-  res.once('close', give);
-  if (queued !== null) whenConnectionCloses(queued, give);
 }
 
 /** The answer to a body refused while it was read (its connection is then closed: the rest is not read). */

@@ -1,3 +1,4 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 
 /**
@@ -30,4 +31,27 @@ export function whenConnectionCloses(socket: Socket, close: () => void): void {
 /** The answer closed by itself: the connection's close has nothing left to do for it. */
 export function noLongerWaiting(socket: Socket, close: () => void): void {
   waitingOn.get(socket)?.delete(close);
+}
+
+/**
+ * Runs `release` once: when the answer closes or, for a pipelined answer still waiting behind
+ * another, when its connection does; at once if either is gone already (then false: the client
+ * left, nothing is to be answered).
+ */
+export function releaseWhenClosed(req: IncomingMessage, res: ServerResponse, release: () => void): boolean {
+  const queued = res.socket === null ? req.socket : null;
+  let held = true;
+  const once = () => {
+    if (!held) return;
+    held = false;
+    if (queued !== null) noLongerWaiting(queued, once);
+    release();
+  };
+  if (res.closed || queued?.destroyed === true) {
+    once();
+    return false;
+  }
+  res.once('close', once);
+  if (queued !== null) whenConnectionCloses(queued, once);
+  return true;
 }

@@ -2,7 +2,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { DAY_MS } from '../clock.js';
 import { GatewayError } from '../errors.js';
 import type { RequestContext } from '../http/context.js';
-import { noLongerWaiting, whenConnectionCloses } from '../http/pipelined.js';
+import { releaseWhenClosed } from '../http/pipelined.js';
 import type { RouteHost } from './host.js';
 import { sendJson } from '../http/reply.js';
 import type { GroupBy, LedgerEntry } from '../ledger/types.js';
@@ -36,22 +36,11 @@ function admitHeld(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res
   gw.admit(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, null), (ticket) => {
     // Given back once: when the answer closes, or, for a pipelined answer still waiting behind
     // another, when its connection does (found in review: Node never closes such an answer).
-    const queued = res.socket === null ? req.socket : null;
-    let held = true;
-    const release = () => {
-      if (!held) return;
-      held = false;
-      if (queued !== null) noLongerWaiting(queued, release);
-      gw.limiter.release(ticket);
-    };
-    if (res.closed || queued?.destroyed === true) {
+    if (!releaseWhenClosed(req, res, () => gw.limiter.release(ticket))) {
       // The client left while a remote limiter decided: nothing to answer.
-      release();
       ctx.status = 499;
       return gw.done(ctx);
     }
-    res.once('close', release);
-    if (queued !== null) whenConnectionCloses(queued, release);
     then();
   });
 }
