@@ -91,11 +91,16 @@ export class RequestContext {
             authorization = raw[i + 1];
           }
           break;
+        // (The first letter rules out the SDKs' other names of these lengths, x-stainless-os and
+        // anthropic-version, before any lowercasing.)
         case 14:
-          if ((name === 'content-length' || name === 'Content-Length' || name.toLowerCase() === 'content-length') && Number(raw[i + 1]) !== 0) unreadBody = true;
+          if ((name === 'content-length' || name === 'Content-Length' || ((name.charCodeAt(0) | 0x20) === 99 && name.toLowerCase() === 'content-length')) &&
+            Number(raw[i + 1]) !== 0) unreadBody = true;
           break;
         case 17:
-          if (name === 'transfer-encoding' || name === 'Transfer-Encoding' || name.toLowerCase() === 'transfer-encoding') unreadBody = true;
+          if (name === 'transfer-encoding' || name === 'Transfer-Encoding' || ((name.charCodeAt(0) | 0x20) === 116 && name.toLowerCase() === 'transfer-encoding')) {
+            unreadBody = true;
+          }
           break;
         case 15:
           if (name === 'idempotency-key' || name === 'Idempotency-Key' || name.toLowerCase() === 'idempotency-key') {

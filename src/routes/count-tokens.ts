@@ -4,7 +4,7 @@ import { estimateInputTokens, MAX_DEPTH } from '../billing/estimate.js';
 import { bodyRefusal, readBody, takeBody } from '../http/body.js';
 import { bodyShapeProblem } from '../http/body-shape.js';
 import type { RequestContext } from '../http/context.js';
-import { noLongerWaiting, whenConnectionCloses } from '../http/pipelined.js';
+import { releaseWhenClosed } from '../http/pipelined.js';
 import { baseHeaders, sendError, sendErrorSpec } from '../http/reply.js';
 import type { AccountLimits, KeyLimits } from '../limiter/types.js';
 import { checkBasics, checkMessages } from '../protocols/common.js';
@@ -85,14 +85,6 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         });
       }
       gw.admit(ctx, res, gw.limiter.admitInstant(counting(key.account), countingKey(key), null), () => {
-        // A pipelined count waits behind another answer with no socket of its own: its
-        // connection's close stands for its own (see http/pipelined.ts).
-        const queued = res.socket === null ? req.socket : null;
-        if (res.closed || queued?.destroyed === true) {
-          // The client left while a remote limiter decided: nothing goes upstream (found in review).
-          ctx.status = 499;
-          return gw.done(ctx);
-        }
         let stops: Array<() => void> = [];
         // Answered, failed or abandoned: exactly one of them, and one access-log line (found in
         // review: a client that left mid-count stopped the count and logged nothing).
@@ -100,7 +92,6 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         const end = (): boolean => {
           if (over) return false;
           over = true;
-          if (queued !== null) noLongerWaiting(queued, abandon);
           return true;
         };
         const abandon = () => {
@@ -110,8 +101,10 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
           ctx.status = 499;
           gw.done(ctx);
         };
-        res.once('close', abandon);
-        if (queued !== null) whenConnectionCloses(queued, abandon);
+        // Abandoned when its answer closes unanswered (or, pipelined and still waiting, its
+        // connection does); at once if the client left while a remote limiter decided: then
+        // nothing goes upstream (found in review).
+        if (!releaseWhenClosed(req, res, abandon)) return;
         const request: CountRequest = {
           body: b, model, requestId: ctx.id,
           header: (name) => {

@@ -78,6 +78,13 @@ describe('regression: metering under a broken provider (Responses and Messages)'
 
   const messages = { model: 'claude', stream: true, max_tokens: 20_000, messages: [{ role: 'user', content: 'hi' }] };
   const start = named('message_start', { type: 'message_start', message: { id: 'msg', type: 'message', role: 'assistant', content: [], usage: { input_tokens: 100, output_tokens: 1 } } });
+  /** A /v1/messages call answered by the stream queued with `respond`: its charge. */
+  const messagesCharge = async () => {
+    const res = await postJson(`${gw().url}/v1/messages`, 'sk-m', messages);
+    assert.equal(res.status, 200);
+    await res.text();
+    return lastCharge();
+  };
   const textDelta = (text: string) => named('content_block_delta', { type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text } });
   const search = (index: number) => named('content_block_start', { type: 'content_block_start', index, content_block: { type: 'server_tool_use', id: `s${index}`, name: 'web_search', input: {} } });
   const failed = (index: number) => named('content_block_start', {
@@ -101,10 +108,7 @@ describe('regression: metering under a broken provider (Responses and Messages)'
   test('messages: a message_delta after more output is final again (a later count covers it all)', async () => {
     respond(start + named('message_delta', { type: 'message_delta', delta: {}, usage: { output_tokens: 1 } }) + textDelta('y'.repeat(400)) +
       named('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 150 } }) + named('message_stop', { type: 'message_stop' }));
-    const res = await postJson(`${gw().url}/v1/messages`, 'sk-m', messages);
-    assert.equal(res.status, 200);
-    await res.text();
-    const charge = lastCharge();
+    const charge = await messagesCharge();
     assert.deepEqual([charge.estimated, charge.outputTokens], [false, 150]);
   });
 
@@ -112,10 +116,7 @@ describe('regression: metering under a broken provider (Responses and Messages)'
     respond(start + search(0) + search(1) +
       named('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 10, server_tool_use: { web_search_requests: 0 } } }) +
       named('message_stop', { type: 'message_stop' }));
-    const res = await postJson(`${gw().url}/v1/messages`, 'sk-m', messages);
-    assert.equal(res.status, 200);
-    await res.text();
-    const charge = lastCharge();
+    const charge = await messagesCharge();
     assert.deepEqual([charge.estimated, charge.amountMicro], [false, -(100 * 2 + 10 * 8 + 20_000)]);
   });
 
@@ -123,10 +124,7 @@ describe('regression: metering under a broken provider (Responses and Messages)'
     respond(start + named('message_delta', { type: 'message_delta', delta: {}, usage: { output_tokens: 1 } }) +
       named('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'text', text: 'y'.repeat(40_000) } }) +
       named('message_stop', { type: 'message_stop' }));
-    const res = await postJson(`${gw().url}/v1/messages`, 'sk-m', messages);
-    assert.equal(res.status, 200);
-    await res.text();
-    const charge = lastCharge();
+    const charge = await messagesCharge();
     assert.deepEqual([charge.estimated, charge.outputTokens], [true, 10_000]);
   });
 
@@ -134,20 +132,16 @@ describe('regression: metering under a broken provider (Responses and Messages)'
     respond(start + search(0) + search(1) + search(2) + failed(3) +
       named('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 10, server_tool_use: { web_search_requests: 2 } } }) +
       named('message_stop', { type: 'message_stop' }));
-    const res = await postJson(`${gw().url}/v1/messages`, 'sk-m', messages);
-    assert.equal(res.status, 200);
-    await res.text();
-    assert.deepEqual([lastCharge().estimated, lastCharge().amountMicro], [false, -(100 * 2 + 10 * 8 + 20_000)]);
+    const charge = await messagesCharge();
+    assert.deepEqual([charge.estimated, charge.amountMicro], [false, -(100 * 2 + 10 * 8 + 20_000)]);
   });
 
   test('messages: error results before any search cancel none of the searches after them', async () => {
     respond(start + failed(0) + failed(1) + search(2) + search(3) +
       named('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 10 } }) +
       named('message_stop', { type: 'message_stop' }));
-    const res = await postJson(`${gw().url}/v1/messages`, 'sk-m', messages);
-    assert.equal(res.status, 200);
-    await res.text();
-    assert.deepEqual([lastCharge().estimated, lastCharge().amountMicro], [false, -(100 * 2 + 10 * 8 + 20_000)]);
+    const charge = await messagesCharge();
+    assert.deepEqual([charge.estimated, charge.amountMicro], [false, -(100 * 2 + 10 * 8 + 20_000)]);
   });
 
   const wholeMessage = (content: unknown[], usage: unknown) => ({ id: 'msg', type: 'message', role: 'assistant', content, stop_reason: 'end_turn', usage });
