@@ -72,6 +72,8 @@ export class BilledCall implements Exchange {
   private readonly searchesPerCall: number;
   /** Usage the provider reported before its final count, if any. */
   private reported: Usage | null = null;
+  /** The provider's count of the input, taken before the call (0: none). */
+  private countedInput = 0;
   /** Whether the provider has the whole request (and did not refuse it). */
   private delivered = false;
   private stops: Array<() => void> = [];
@@ -181,6 +183,10 @@ export class BilledCall implements Exchange {
     this.reported = this.reported === null ? usage : atLeast(usage, this.reported);
   }
 
+  noteInputCount(tokens: number): void {
+    if (tokens > this.countedInput) this.countedInput = tokens;
+  }
+
   noteDelivered(delivered: boolean): void {
     this.delivered = delivered;
   }
@@ -271,18 +277,20 @@ export class BilledCall implements Exchange {
    * What a call that ended without the provider's final usage is charged (CONTRACT section 7):
    * the larger of the input the provider reported (cache tokens included, at their prices) and
    * the gateway's input estimate, plus the larger of the output it reported and the output
-   * relayed so far (characters / 4). So never less than either.
+   * relayed so far (characters / 4). So never less than either. The estimate's input is at
+   * least the provider's own count taken before the call, when there is one (a stored context).
    */
   private abnormalUsage(): Usage {
+    const inputTokens = Math.max(this.inputTokens, this.countedInput);
     // No provider bills more output than the model's limit allows (a broken one may send more).
     const relayed = Math.min(tokensOf(this.outputChars), this.model.outputTokenLimit * this.choices);
     const reported = this.reported;
-    if (reported === null) return this.asAudio({ inputTokens: this.inputTokens, outputTokens: relayed, cacheReadTokens: 0, cacheWriteTokens: 0 });
+    if (reported === null) return this.asAudio({ inputTokens, outputTokens: relayed, cacheReadTokens: 0, cacheWriteTokens: 0 });
     const price = this.model.price;
     // Input against input: the searches reported are added after (found in review: compared
     // with the estimate's input, they could replace it, or be dropped).
     const reportedInput: Usage = { ...reported, outputTokens: 0, webSearches: 0, audioOutputTokens: 0 };
-    const estimatedInput = this.asAudio({ inputTokens: this.inputTokens, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: 0 });
+    const estimatedInput = this.asAudio({ inputTokens, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: 0 });
     const input = costMicro(price, reportedInput) >= costMicro(price, estimatedInput) ? reportedInput : estimatedInput;
     input.outputTokens = Math.max(reported.outputTokens, relayed);
     input.webSearches = reported.webSearches ?? 0;

@@ -3,7 +3,8 @@ import { request as httpsRequest } from 'node:https';
 import { performance } from 'node:perf_hooks';
 import type { Duplex } from 'node:stream';
 import type { ProviderConfig } from '../config/types.js';
-import { upstreamStatusSpec } from '../errors.js';
+import { type ErrorCode, type ErrorDetails, type ErrorSpec, upstreamStatusSpec } from '../errors.js';
+import { MAX_TOKENS } from '../money.js';
 import { ConnectionPool } from './pool.js';
 import { WIRES } from '../protocols/index.js';
 import { credential, type ProviderKind } from './kinds.js';
@@ -165,12 +166,15 @@ export class HttpProvider implements Provider {
 
   /** Where token counts go (Anthropic's count_tokens), or null for a kind that cannot count. */
   private readonly countTarget: Target | null;
+  /** Where a Responses call's input is counted (OpenAI's input_tokens), or null for a kind without one. */
+  private readonly inputCountTarget: Target | null;
 
   constructor(private readonly config: ProviderConfig, private readonly kind: ProviderKind) {
     this.timeouts = new Watchlist(config.timeoutMs);
     this.credentials = config.apiKeys.map((key) => credential(config.authHeader ?? kind.authHeader, key));
     for (const [endpoint, path] of Object.entries(kind.paths)) this.targets.set(endpoint, targetOf(new URL(config.baseUrl + path)));
     this.countTarget = kind.countTokensPath === null ? null : targetOf(new URL(config.baseUrl + kind.countTokensPath), true);
+    this.inputCountTarget = kind.inputCountPath === null ? null : targetOf(new URL(config.baseUrl + kind.inputCountPath), true);
   }
 
   get canCount(): boolean {
@@ -192,11 +196,34 @@ export class HttpProvider implements Provider {
     }
     const upstream = { ...request.body };
     upstream.model = request.model.upstreamModel;
-    const body = JSON.stringify(upstream);
+    this.ask(target, JSON.stringify(upstream), request.requestId, this.kind.headers((name) => request.header(name)), request.onAbort, (outcome) => {
+      if (outcome.kind === 'timeout') {
+        return request.fail('upstream_timeout', {
+          // Still waiting for one of the counts' connections: the gateway's own queue took the time.
+          message: outcome.queued ? `No connection to the provider came free within ${this.config.timeoutMs} ms (the gateway's connections for token counts are all busy).`
+            : `The provider did not answer within ${this.config.timeoutMs} ms.`,
+        });
+      }
+      if (outcome.kind === 'unreachable') return request.fail('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
+      const { status, answer, complete } = outcome;
+      if (status >= 200 && status < 300 && complete) return request.answer(answer);
+      if (status >= 200 && status < 300) return request.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
+      failAsAnswered(request, status, answer, null);
+    });
+  }
+
+  /**
+   * One POST to a counting endpoint (`target`, over the counts' own pool): one attempt under
+   * `timeoutMs`, sent again once on a new connection when a kept-alive one turns out closed
+   * while idle; `done` gets the answer or why there is none, once, unless the client left first.
+   */
+  private ask(
+    target: Target, body: string, requestId: string, extraHeaders: readonly string[], onAbort: (stop: () => void) => void, done: (outcome: CountOutcome) => void,
+  ): void {
     const headers = [
       'host', target.host, 'content-type', 'application/json', 'content-length', String(Buffer.byteLength(body)),
-      'accept', 'application/json', 'accept-encoding', 'identity', 'x-request-id', request.requestId,
-      ...this.kind.headers((name) => request.header(name)), ...this.config.headers,
+      'accept', 'application/json', 'accept-encoding', 'identity', 'x-request-id', requestId,
+      ...extraHeaders, ...this.config.headers,
     ];
     const key = this.takeKey();
     if (key >= 0) headers.push(...this.credentials[key]!);
@@ -209,15 +236,11 @@ export class HttpProvider implements Provider {
     };
     let req: ClientRequest;
     const timer = setTimeout(() => finish(() => {
-      // Still waiting for one of the counts' connections: the gateway's own queue took the time.
       const queued = req.socket == null;
       req.destroy();
-      request.fail('upstream_timeout', {
-        message: queued ? `No connection to the provider came free within ${this.config.timeoutMs} ms (the gateway's connections for token counts are all busy).`
-          : `The provider did not answer within ${this.config.timeoutMs} ms.`,
-      });
+      done({ kind: 'timeout', queued });
     }), this.config.timeoutMs);
-    request.onAbort(() => finish(() => req.destroy()));
+    onAbort(() => finish(() => req.destroy()));
     const send = (fresh: boolean) => {
       const options: FreshOptions = { method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers, fresh };
       req = target.send(options);
@@ -225,29 +248,58 @@ export class HttpProvider implements Provider {
       let answered = false;
       req.on('error', (err) => {
         if (!over && !answered && closedWhileIdle(sent, err)) return send(true);
-        finish(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(err)}).` }));
+        finish(() => done({ kind: 'unreachable', error: err }));
       });
-      req.on('upgrade', upgraded((err) => finish(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(err)}).` }))));
+      req.on('upgrade', upgraded((err) => finish(() => done({ kind: 'unreachable', error: err }))));
       req.on('response', (res) => {
         answered = true;
-        readSome(res, MAX_ERROR_BYTES, (answer, complete) => finish(() => {
-          const status = res.statusCode ?? 0;
-          if (status >= 200 && status < 300 && complete) return request.answer(answer);
-          if (status >= 200 && status < 300) return request.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
-          const message = providerMessage(answer.toString('utf8'));
-          if (status === 429) return request.fail('upstream_rate_limited', { retryAfterS: 1, ...(message ? { message } : {}) });
-          if (status === 503 || status === 529) return request.fail('upstream_overloaded', { retryAfterS: 1 });
-          if (status === 401 || status === 403) return request.fail('upstream_error', { message: 'The provider rejected the gateway\'s own credentials.' });
-          if (status >= 400 && status < 500) return request.failWith(`upstream_${status}`, upstreamStatusSpec(status), message ?? `The provider answered ${status}.`);
-          request.fail('upstream_error', { message: `The provider answered ${status}.` });
-        }));
+        readSome(res, MAX_ERROR_BYTES, (answer, complete) => finish(() => done({ kind: 'answer', status: res.statusCode ?? 0, answer, complete })));
       });
       req.end(body);
     };
     send(false);
   }
 
+  /**
+   * Counts, before a Responses call that continues a stored response or conversation, the input
+   * the provider will bill for it, and notes it: a client that left before the final usage was
+   * charged only the input its request carried, while OpenAI bills the whole stored context
+   * (found in review: a stored conversation of 300,000 tokens, continued again and again by calls
+   * cut after their first event, cost the gateway its price each time and the client nothing).
+   * A count the provider refuses as the request's fault (a 4xx) is the call's answer, free; one
+   * it cannot give (a compatible server without the endpoint, overloaded, unreachable, too slow)
+   * lets the call go on with the gateway's estimate, as before.
+   */
+  private countStoredInput(ex: Exchange, then: () => void): void {
+    const upstream: Record<string, unknown> = { model: ex.model.upstreamModel };
+    for (const field of COUNTED_FIELDS) if (ex.body[field] !== undefined) upstream[field] = ex.body[field];
+    this.ask(this.inputCountTarget!, JSON.stringify(upstream), ex.requestId, [], (stop) => ex.onAbort(stop), (outcome) => {
+      if (ex.aborted) return;
+      try {
+        if (outcome.kind === 'answer' && outcome.status >= 200 && outcome.status < 300) {
+          const counted = outcome.complete ? inputTokensIn(outcome.answer) : null;
+          if (counted !== null) ex.noteInputCount(counted);
+        } else if (outcome.kind === 'answer' && outcome.status >= 400 && outcome.status < 500 && !UNCOUNTED_STATUSES.has(outcome.status)) {
+          ex.noteDelivered(false);
+          ex.upstreamFailed('4xx');
+          return failAsAnswered(ex, outcome.status, outcome.answer, null);
+        }
+        then();
+      } catch (err) {
+        ex.crash(err); // runs from a socket's events: a bug fails this call, never the process
+      }
+    });
+  }
+
   handle(ex: Exchange): void {
+    if (ex.endpoint === 'responses' && this.inputCountTarget !== null && continuesStored(ex.body)) {
+      return this.countStoredInput(ex, () => this.send(ex));
+    }
+    this.send(ex);
+  }
+
+  /** Sends the call, retrying before the first byte as section 6 says, and relays the answer. */
+  private send(ex: Exchange): void {
     const target = this.targets.get(ex.endpoint)!;
     const wire = WIRES[ex.endpoint];
     const body = wire.upstreamBody(ex);
@@ -415,19 +467,7 @@ export class HttpProvider implements Provider {
       }
     }
     readAnswer(ex, res, MAX_ERROR_BYTES, call, (answer) => {
-      if (ex.aborted) return;
-      const retryAfterS = providerWait === null ? undefined : Math.ceil(providerWait / 1000);
-      const message = providerMessage(answer.toString('utf8'));
-      if (status === 429) return ex.fail('upstream_rate_limited', { retryAfterS: retryAfterS ?? 1, ...(message ? { message } : {}) });
-      if (status === 503 || status === 529) return ex.fail('upstream_overloaded', { retryAfterS: retryAfterS ?? 1 });
-      if (status === 504) return ex.fail('upstream_timeout');
-      if (status === 401 || status === 403) {
-        return ex.fail('upstream_error', { message: 'The provider rejected the gateway\'s own credentials.' });
-      }
-      if (status >= 400 && status < 500) {
-        return ex.failWith(`upstream_${status}`, upstreamStatusSpec(status), message ?? `The provider answered ${status}.`);
-      }
-      ex.fail('upstream_error', { message: `The provider answered ${status}.` });
+      if (!ex.aborted) failAsAnswered(ex, status, answer, providerWait);
     });
   }
 
@@ -684,6 +724,57 @@ function providerMessage(text: string): string | null {
   }
   const trimmed = text.trim();
   return trimmed === '' ? null : trimmed.slice(0, 500);
+}
+
+/** What answers with an error: a call, or a count. */
+interface Failing {
+  fail(code: ErrorCode, details?: ErrorDetails): void;
+  failWith(code: string, spec: ErrorSpec, message: string): void;
+}
+
+/** Answers a provider's error status (not 2xx) as section 6 maps it, with the provider's message where it helps. */
+function failAsAnswered(to: Failing, status: number, answer: Buffer, providerWaitMs: number | null): void {
+  const retryAfterS = providerWaitMs === null ? 1 : Math.ceil(providerWaitMs / 1000);
+  const message = providerMessage(answer.toString('utf8'));
+  if (status === 429) return to.fail('upstream_rate_limited', { retryAfterS, ...(message ? { message } : {}) });
+  if (status === 503 || status === 529) return to.fail('upstream_overloaded', { retryAfterS });
+  if (status === 504) return to.fail('upstream_timeout');
+  if (status === 401 || status === 403) return to.fail('upstream_error', { message: 'The provider rejected the gateway\'s own credentials.' });
+  if (status >= 400 && status < 500) return to.failWith(`upstream_${status}`, upstreamStatusSpec(status), message ?? `The provider answered ${status}.`);
+  to.fail('upstream_error', { message: `The provider answered ${status}.` });
+}
+
+/** What a count gave: the provider's answer, or why there is none. */
+type CountOutcome =
+  | { kind: 'answer'; status: number; answer: Buffer; complete: boolean }
+  | { kind: 'unreachable'; error: Error }
+  | { kind: 'timeout'; queued: boolean };
+
+/** The Responses fields OpenAI's input count takes: those that make up the input (the rest it refuses). */
+const COUNTED_FIELDS = [
+  'conversation', 'input', 'instructions', 'parallel_tool_calls', 'personality', 'previous_response_id', 'reasoning', 'text', 'tool_choice', 'tools', 'truncation',
+];
+
+/**
+ * Statuses of the input count that say nothing of the request: no such endpoint (a compatible
+ * server), a timeout, a rate limit. The call goes on without a count.
+ */
+const UNCOUNTED_STATUSES = new Set([404, 405, 408, 429]);
+
+/** A Responses call that continues a stored response or conversation (input the request does not carry). */
+function continuesStored(body: Record<string, unknown>): boolean {
+  return (body.previous_response_id !== undefined && body.previous_response_id !== null) || (body.conversation !== undefined && body.conversation !== null);
+}
+
+/** The `input_tokens` of an input count's answer, or null when it has no believable one. */
+function inputTokensIn(answer: Buffer): number | null {
+  try {
+    const json = JSON.parse(answer.toString('utf8')) as { input_tokens?: unknown };
+    const n = json.input_tokens;
+    return typeof n === 'number' && Number.isInteger(n) && n >= 0 && n <= MAX_TOKENS ? n : null;
+  } catch {
+    return null;
+  }
 }
 
 /**

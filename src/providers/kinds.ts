@@ -10,6 +10,11 @@ export interface ProviderKind {
   readonly paths: Readonly<Partial<Record<Endpoint, string>>>;
   /** The path of token counting (Anthropic's count_tokens), when the kind has one. */
   readonly countTokensPath: string | null;
+  /**
+   * The path of the Responses API's input count (OpenAI's /responses/input_tokens, free), which
+   * can see a stored context a call continues, when the kind has one.
+   */
+  readonly inputCountPath: string | null;
   /** How the key is sent unless the provider says otherwise (`authHeader`). */
   readonly authHeader: AuthHeader;
   /** Headers of one call taken from the client's request, as name/value pairs. */
@@ -22,12 +27,14 @@ export const KINDS: Readonly<Record<Exclude<Protocol, 'mock'>, ProviderKind>> = 
   openai: {
     paths: { chat: '/chat/completions', responses: '/responses', embeddings: '/embeddings' },
     countTokensPath: null,
+    inputCountPath: '/responses/input_tokens',
     authHeader: 'bearer',
     headers: () => NO_HEADERS,
   },
   anthropic: {
     paths: { messages: '/v1/messages' },
     countTokensPath: '/v1/messages/count_tokens',
+    inputCountPath: null,
     authHeader: 'x-api-key',
     headers(header) {
       const headers = ['anthropic-version', header('anthropic-version') ?? '2023-06-01'];

@@ -71,6 +71,11 @@ export interface Exchange {
    */
   noteUsage(usage: Usage): void;
   /**
+   * The provider's count of the request's input, taken before the call (a stored context it
+   * holds, which the request does not carry): an abnormal end is charged at least this input.
+   */
+  noteInputCount(tokens: number): void;
+  /**
    * Whether the provider now has the whole request (true once it is sent; false when the
    * provider refused an attempt). A call whose provider never had it is not charged.
    */

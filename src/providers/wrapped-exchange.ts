@@ -32,6 +32,7 @@ export class WrappedExchange implements Exchange {
   end(chunk?: string | Buffer): void { this.inner.end(chunk); }
   noteOutput(chars: number): void { this.inner.noteOutput(chars); }
   noteUsage(usage: Usage): void { this.inner.noteUsage(usage); }
+  noteInputCount(tokens: number): void { this.inner.noteInputCount(tokens); }
   noteDelivered(delivered: boolean): void { this.inner.noteDelivered(delivered); }
   observeUpstream(seconds: number): void { this.inner.observeUpstream(seconds); }
   upstreamFailed(kind: string, retryAfterMs?: number | null): void { this.inner.upstreamFailed(kind, retryAfterMs); }

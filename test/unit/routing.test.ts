@@ -116,6 +116,7 @@ class FakeBilled implements ServedExchange {
   end(): void {}
   noteOutput(): void {}
   noteUsage(): void {}
+  noteInputCount(): void {}
   observeUpstream(): void {}
   header(): undefined { return undefined; }
   settle(_u: unknown, then: () => void): void { then(); }

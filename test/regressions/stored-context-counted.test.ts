@@ -1,0 +1,149 @@
+import assert from 'node:assert/strict';
+import { request, type ServerResponse } from 'node:http';
+import { after, before, beforeEach, describe, test } from 'node:test';
+import type { LedgerEntry } from '../../src/ledger/types.js';
+import { FakeUpstream, json, responsesStream, type Behaviour } from '../helpers/fake-upstream.js';
+import { entriesOf, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+
+/**
+ * Found in review: a Responses call that continues a stored response (`previous_response_id`)
+ * or conversation is billed by OpenAI for the whole stored context, which the request does not
+ * carry. A client that left before the final usage was charged the input its request carried
+ * (a few tokens), so a stored context of 300,000 tokens, continued by calls cut after their
+ * first event, cost the gateway its price each time and the client next to nothing. The
+ * provider now counts such a call's input first (POST /v1/responses/input_tokens), and an
+ * abnormal end is charged at least that count.
+ */
+
+const PRICE = { inputPerMillion: 2, outputPerMillion: 8 };
+const STORED = 300_000;
+
+/** The first events of a Responses stream, then nothing: the provider is still generating. */
+const startedStream: Behaviour = (_req, res) => {
+  res.writeHead(200, { 'content-type': 'text/event-stream' });
+  res.write(`event: response.created\ndata: ${JSON.stringify({ type: 'response.created', sequence_number: 0, response: { id: 'resp_2', status: 'in_progress', usage: null } })}\n\n`);
+  res.write(`event: response.output_text.delta\ndata: ${JSON.stringify({ type: 'response.output_text.delta', sequence_number: 1, item_id: 'msg_0', output_index: 0, content_index: 0, delta: 'Hello' })}\n\n`);
+};
+
+const counted = (n: number): Behaviour => (_req, res) => json(res, 200, { object: 'response.input_tokens', input_tokens: n });
+
+describe('regression: a continued stored context is counted before the call', () => {
+  const up = new FakeUpstream();
+  let gw: Running;
+  const open: ServerResponse[] = [];
+
+  before(async () => {
+    const base = await up.start();
+    gw = await startGateway(testConfig({
+      plans: { p: { rpm: 10_000, concurrency: 5, dailyCapUsd: 100 } },
+      accounts: { acct_a: { plan: 'p' } },
+      keys: { key_a: { account: 'acct_a', key: 'sk-a' } },
+      models: { 'gpt-x': { provider: 'oai', upstreamModel: 'gpt-upstream', price: PRICE } },
+      providers: { oai: { protocol: 'openai', baseUrl: `${base}/v1`, timeoutMs: 1000, streamIdleTimeoutMs: 5000 } },
+    }));
+  });
+  after(async () => {
+    for (const res of open) res.destroy();
+    await gw?.close();
+    await up.close();
+  });
+  beforeEach(() => {
+    up.queue.length = 0;
+    up.seen.length = 0;
+  });
+
+  const last = (): LedgerEntry | undefined => entriesOf(gw, 'acct_a').at(-1);
+
+  /** Sends a streamed call and leaves once its first text arrived. */
+  const leaveAfterFirstText = (body: Record<string, unknown>) => new Promise<void>((resolve, reject) => {
+    const req = request(`${gw.url}/v1/responses`, { method: 'POST', headers: { authorization: 'Bearer sk-a', 'content-type': 'application/json' } }, (res) => {
+      res.on('data', (chunk: Buffer) => {
+        if (chunk.toString().includes('Hello')) req.destroy();
+      });
+    });
+    req.on('error', () => {});
+    req.on('close', () => resolve());
+    req.end(JSON.stringify(body));
+    setTimeout(() => reject(new Error('no stream')), 5000).unref();
+  });
+
+  for (const [name, stored] of [['previous_response_id', 'resp_1'], ['conversation', 'conv_1']] as const) {
+    test(`a client that leaves a call continuing a ${name} is charged the provider's count of its input`, async () => {
+      up.queue.push(counted(STORED), (req, res, body) => {
+        open.push(res);
+        startedStream(req, res, body);
+      });
+      const before = entriesOf(gw, 'acct_a').length;
+      await leaveAfterFirstText({ model: 'gpt-x', [name]: stored, input: 'go on', stream: true, max_output_tokens: 500, store: true });
+      await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_a').length > before, 5000, 'the charge');
+      const charge = last()!;
+      assert.equal(charge.estimated, true);
+      assert.equal(charge.inputTokens, STORED, 'the stored context the provider counted, not the two words sent');
+      assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses']);
+      // The count gets the fields that make up the input, with the upstream model; nothing it would refuse.
+      assert.deepEqual(up.seen[0]!.body, { model: 'gpt-upstream', [name]: stored, input: 'go on' });
+    });
+  }
+
+  test('a call that completes is charged its final usage, whatever the count said', async () => {
+    up.queue.push(counted(STORED), responsesStream([{ text: 'Hello there' }], { input_tokens: 1234, output_tokens: 5 }));
+    const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-x', previous_response_id: 'resp_1', input: 'go on', stream: true });
+    assert.equal(res.status, 200);
+    assert.match(await res.text(), /response\.completed/);
+    const charge = last()!;
+    assert.equal(charge.estimated, false);
+    assert.equal(charge.inputTokens, 1234);
+  });
+
+  test('a call that carries its whole input is not counted first', async () => {
+    up.queue.push(responsesStream([{ text: 'Hi' }], { input_tokens: 3, output_tokens: 1 }));
+    const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-x', input: 'hello', stream: true, previous_response_id: null });
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses']);
+  });
+
+  test('a server without the count endpoint (404) takes the call as before', async () => {
+    up.queue.push((_req, res) => json(res, 404, { detail: 'Not Found' }), responsesStream([{ text: 'Hi' }], { input_tokens: 40, output_tokens: 1 }));
+    const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-x', previous_response_id: 'resp_1', input: 'hello' });
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses']);
+    assert.equal(last()!.inputTokens, 40);
+  });
+
+  test('a count the provider refuses as the request\'s fault is the call\'s answer: the call is not sent, and is free', async () => {
+    up.queue.push((_req, res) => json(res, 400, { error: { message: 'Previous response with id \'resp_zz\' not found.', type: 'invalid_request_error', param: 'previous_response_id' } }));
+    const before = entriesOf(gw, 'acct_a').length;
+    const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-x', previous_response_id: 'resp_zz', input: 'hello' });
+    assert.equal(res.status, 400);
+    const answer = await res.json() as { error: { message: string } };
+    assert.match(answer.error.message, /resp_zz/);
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens']);
+    await until(() => gw.gateway.inFlight === 0, 5000, 'the slot back');
+    assert.equal(entriesOf(gw, 'acct_a').length, before, 'nothing charged');
+  });
+
+  test('a count that does not come in time lets the call go on', async () => {
+    up.queue.push((_req, res) => { open.push(res); }, responsesStream([{ text: 'Hi' }], { input_tokens: 7, output_tokens: 1 }));
+    const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-x', previous_response_id: 'resp_1', input: 'hello', stream: true });
+    assert.equal(res.status, 200);
+    assert.match(await res.text(), /response\.completed/);
+    assert.equal(last()!.inputTokens, 7);
+  });
+
+  test('a client that leaves during the count: the call is never sent, and is free', async () => {
+    let counting: ServerResponse | null = null;
+    up.queue.push((_req, res) => { counting = res; open.push(res); });
+    const before = entriesOf(gw, 'acct_a').length;
+    const req = request(`${gw.url}/v1/responses`, { method: 'POST', headers: { authorization: 'Bearer sk-a', 'content-type': 'application/json' } });
+    req.on('error', () => {});
+    req.end(JSON.stringify({ model: 'gpt-x', previous_response_id: 'resp_1', input: 'hello' }));
+    await until(() => counting !== null, 5000, 'the count');
+    req.destroy();
+    await until(() => gw.gateway.inFlight === 0, 5000, 'the slot back');
+    await until(() => (counting as ServerResponse | null)?.destroyed === true || up.closedEarly > 0, 5000, 'the count stopped');
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens']);
+    assert.equal(entriesOf(gw, 'acct_a').length, before, 'nothing charged');
+  });
+});
