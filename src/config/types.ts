@@ -94,6 +94,8 @@ export type Protocol = 'openai' | 'anthropic' | 'mock';
 /** `Authorization: Bearer KEY`, `x-api-key: KEY` (Anthropic's) or `api-key: KEY` (Azure OpenAI's). */
 export type AuthHeader = 'bearer' | 'x-api-key' | 'api-key';
 
+export type OutputLimitField = 'max_completion_tokens' | 'max_tokens';
+
 export interface ProviderConfig {
   id: string;
   protocol: Protocol;
@@ -106,6 +108,12 @@ export interface ProviderConfig {
   headers: string[];
   timeoutMs: number;
   streamIdleTimeoutMs: number;
+  /**
+   * OpenAI protocol: the field a chat request's output limit goes in. `max_completion_tokens`
+   * (OpenAI's own; its reasoning models take no other), or `max_tokens` for servers that read
+   * only that one (Ollama, LM Studio).
+   */
+  outputLimitField: OutputLimitField;
   /** Mock only: delay before the first byte. */
   latencyMs: number;
   /** Mock only: pacing of streamed output, one chunk per token; 0 = as fast as possible. */

@@ -5,7 +5,7 @@ import { FREE, isFree, MAX_PRICE_MICRO, type Price } from '../money.js';
 import { amountField, boolField, capField, ENTITY_ID, ENTITY_ID_RULE, limitField, modelsField, NAME_ID, NAME_ID_RULE } from './fields.js';
 import type {
   AccountConfig, AuthHeader, DeploymentConfig, GatewayConfig, KeyConfig, LedgerConfig, Limit, LimiterConfig, ModelConfig,
-  PlanConfig, Protocol, ProviderConfig, RoutingConfig, ServerConfig,
+  OutputLimitField, PlanConfig, Protocol, ProviderConfig, RoutingConfig, ServerConfig,
 } from './types.js';
 
 export interface ValidateOptions {
@@ -267,7 +267,7 @@ export const MAX_DEPLOYMENTS = 16;
 const MAX_WEIGHT = 1_000_000;
 
 const PROVIDER_KEYS: Record<Protocol, readonly string[]> = {
-  openai: ['protocol', 'baseUrl', 'apiKeyEnv', 'authHeader', 'headers', 'timeoutMs', 'streamIdleTimeoutMs'],
+  openai: ['protocol', 'baseUrl', 'apiKeyEnv', 'authHeader', 'headers', 'timeoutMs', 'streamIdleTimeoutMs', 'outputLimitField'],
   anthropic: ['protocol', 'baseUrl', 'apiKeyEnv', 'authHeader', 'headers', 'timeoutMs', 'streamIdleTimeoutMs'],
   mock: ['protocol', 'latencyMs', 'tokensPerSecond'],
 };
@@ -350,8 +350,13 @@ function checkProviders(c: Checker, record: Obj, env: ValidateOptions['env']): M
       if (o.authHeader === 'bearer' || o.authHeader === 'x-api-key' || o.authHeader === 'api-key') authHeader = o.authHeader;
       else c.fail(`${path}.authHeader`, `must be "bearer", "x-api-key" or "api-key", got ${shown(o.authHeader)}`);
     }
+    let outputLimitField: OutputLimitField = 'max_completion_tokens';
+    if (o.outputLimitField !== undefined) {
+      if (o.outputLimitField === 'max_completion_tokens' || o.outputLimitField === 'max_tokens') outputLimitField = o.outputLimitField;
+      else c.fail(`${path}.outputLimitField`, `must be "max_completion_tokens" or "max_tokens", got ${shown(o.outputLimitField)}`);
+    }
     out.set(id, {
-      id, protocol, baseUrl, apiKeys, authHeader, headers: staticHeaders(c, `${path}.headers`, o.headers),
+      id, protocol, baseUrl, apiKeys, authHeader, headers: staticHeaders(c, `${path}.headers`, o.headers), outputLimitField,
       timeoutMs: c.int(`${path}.timeoutMs`, o.timeoutMs, 1, 3_600_000, 60_000),
       streamIdleTimeoutMs: c.int(`${path}.streamIdleTimeoutMs`, o.streamIdleTimeoutMs, 1, 3_600_000, 120_000),
       latencyMs: c.int(`${path}.latencyMs`, o.latencyMs, 0, 600_000, 0),

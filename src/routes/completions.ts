@@ -139,9 +139,10 @@ function afterBody(
   for (let i = 0; i < deployments.length; i++) {
     const served = deployments[i]!.model;
     const protocol = served.provider.protocol;
-    // Deployments of one protocol take the request the same way: it is planned once per protocol.
+    // Deployments of one protocol (and output limit field) take the request the same way: it is planned once for them.
+    const field = served.provider.outputLimitField;
     let same = 0;
-    while (same < i && deployments[same]!.model.provider.protocol !== protocol) same++;
+    while (same < i && (deployments[same]!.model.provider.protocol !== protocol || deployments[same]!.model.provider.outputLimitField !== field)) same++;
     const plan = same < i ? plans[same]! : planFor(protocol, wire, call, served, inputTokens, ctx.id, req.headers);
     plans[i] = plan;
     if ('message' in plan) {
@@ -229,6 +230,7 @@ function planFor(
   try {
     const translated = translator.request(call.body, {
       model: model.id, maxOutputTokens: call.maxTokens ?? model.maxOutputTokens, inputTokens, requestId, clientBody: call.body,
+      outputLimitField: model.provider.outputLimitField,
     });
     return { translator, translated, dropped: translated.dropped.length > 0 ? translated.dropped.join(',') : null };
   } catch (err) {

@@ -64,8 +64,10 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
     else refuse(`${at}.role`, `"${at}.role" ${JSON.stringify(msg.role)} has no equivalent on this model's provider.`);
   });
 
-  // OpenAI's own reasoning models take only max_completion_tokens; compatible servers take it too.
-  const out: Record<string, unknown> = { model: body.model, messages, max_completion_tokens: facts.maxOutputTokens };
+  // OpenAI's own reasoning models take only max_completion_tokens; most compatible servers take
+  // it too, and the provider's outputLimitField names max_tokens for those that read only that.
+  const out: Record<string, unknown> = { model: body.model, messages };
+  out[facts.outputLimitField ?? 'max_completion_tokens'] = facts.maxOutputTokens;
   if (Array.isArray(body.stop_sequences) && body.stop_sequences.length > 0) out.stop = body.stop_sequences;
   if (body.temperature !== undefined && body.temperature !== null) out.temperature = body.temperature;
   if (body.top_p !== undefined && body.top_p !== null) out.top_p = body.top_p;

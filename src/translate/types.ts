@@ -1,3 +1,4 @@
+import type { OutputLimitField } from '../config/types.js';
 import type { Endpoint } from '../protocols/types.js';
 import type { ParsedEvents } from '../providers/sse.js';
 
@@ -12,6 +13,8 @@ export interface CallFacts {
   readonly requestId: string;
   /** The client's body, as checked by its protocol. */
   readonly clientBody: Record<string, unknown>;
+  /** Where an OpenAI-protocol provider reads a chat call's output limit (its `outputLimitField`). */
+  readonly outputLimitField?: OutputLimitField;
 }
 
 /** A request in the provider's protocol. */

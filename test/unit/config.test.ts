@@ -154,21 +154,26 @@ describe('config validation', () => {
     }, { ...opts, env });
     assert.ok(r.ok);
     const azure = r.config.providers.get('azure')!;
-    assert.deepEqual([azure.apiKeys, azure.authHeader, azure.headers], [['sk-1', 'sk-2'], 'api-key', ['x-team', 'ml', 'openai-organization', 'org-1']]);
+    assert.deepEqual([azure.apiKeys, azure.authHeader, azure.headers, azure.outputLimitField], [['sk-1', 'sk-2'], 'api-key', ['x-team', 'ml', 'openai-organization', 'org-1'], 'max_completion_tokens']);
+    const ollama = validateConfig({ providers: { ollama: { protocol: 'openai', baseUrl: 'http://127.0.0.1:11434/v1', outputLimitField: 'max_tokens' } } }, opts);
+    assert.ok(ollama.ok);
+    assert.equal(ollama.config.providers.get('ollama')!.outputLimitField, 'max_tokens');
     const errors = validateConfig({
       providers: {
-        p: { protocol: 'openai', apiKeyEnv: ['K1', 'NOPE'], authHeader: 'basic', headers: { Authorization: 'x', 'bad name': 'v', 'x-ok': 'line\nbreak', 'Content-Length': '1' } },
-        q: { protocol: 'anthropic', apiKeyEnv: [], headers: 'x' },
+        p: { protocol: 'openai', apiKeyEnv: ['K1', 'NOPE'], authHeader: 'basic', headers: { Authorization: 'x', 'bad name': 'v', 'x-ok': 'line\nbreak', 'Content-Length': '1' }, outputLimitField: 'num_predict' },
+        q: { protocol: 'anthropic', apiKeyEnv: [], headers: 'x', outputLimitField: 'max_tokens' },
         m: { protocol: 'mock', headers: {} },
       },
     }, { ...opts, env }) as { errors: string[] };
     assert.deepEqual(errors.errors, [
       'providers.p.apiKeyEnv[1]: environment variable NOPE is not set',
       'providers.p.authHeader: must be "bearer", "x-api-key" or "api-key", got "basic"',
+      'providers.p.outputLimitField: must be "max_completion_tokens" or "max_tokens", got "num_predict"',
       'providers.p.headers.Authorization: is set by the gateway itself (authHeader says where the key goes)',
       'providers.p.headers["bad name"]: is not a valid header name',
       'providers.p.headers.x-ok: must be a string of at most 4096 characters without line breaks',
       'providers.p.headers.Content-Length: is set by the gateway itself',
+      'providers.q.outputLimitField: unknown key (allowed: protocol, baseUrl, apiKeyEnv, authHeader, headers, timeoutMs, streamIdleTimeoutMs)',
       'providers.q.apiKeyEnv: must name 1 to 64 environment variables',
       'providers.q.headers: must be an object of header names to values',
       'providers.m.headers: unknown key (allowed: protocol, latencyMs, tokensPerSecond)',

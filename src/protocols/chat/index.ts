@@ -5,6 +5,7 @@ import {
 } from '../common.js';
 import { prependTopLevel } from '../splice.js';
 import { eventData } from '../../providers/sse.js';
+import type { Exchange } from '../../providers/types.js';
 import type { AudioAsked, WireProtocol } from '../types.js';
 
 /** OpenAI Chat Completions: POST /v1/chat/completions, plain or SSE (`data:` lines, then `data: [DONE]`). */
@@ -82,6 +83,17 @@ function transcriptChars(choices: unknown): number {
   return n;
 }
 
+/**
+ * The output limit to send as `max_tokens` too, or null: a call that set only
+ * `max_completion_tokens`, to a provider whose server reads only `max_tokens` (its
+ * `outputLimitField`). Sent as it is, such a server would generate past the limit the call reserved.
+ */
+function limitToName(ex: Exchange): number | null {
+  if (ex.model.provider.outputLimitField !== 'max_tokens') return null;
+  const limit = ex.body.max_completion_tokens;
+  return typeof limit === 'number' && (ex.body.max_tokens === undefined || ex.body.max_tokens === null) ? limit : null;
+}
+
 /** The client asked for the usage chunk of a stream itself (else the gateway asks, and drops it). */
 const clientAskedUsage = (body: Record<string, unknown>) => isObj(body.stream_options) && body.stream_options.include_usage === true;
 
@@ -125,6 +137,13 @@ export const chat: WireProtocol = {
   outputBudget: (call, model) => largestLimit(call.limits) ?? model.maxOutputTokens,
 
   upstreamBody(ex) {
+    const limit = limitToName(ex);
+    if (limit !== null) {
+      const body = withModel(ex);
+      body.max_tokens = limit;
+      if (ex.stream && !clientAskedUsage(ex.body)) body.stream_options = { ...(isObj(body.stream_options) ? body.stream_options : {}), include_usage: true };
+      return JSON.stringify(body);
+    }
     if (!ex.stream || clientAskedUsage(ex.body)) return modelSwapped(ex);
     // Usage is how the call is metered: always ask for it (the extra chunk is removed again
     // below when the client did not ask for it). Usually the client sent no stream_options:
