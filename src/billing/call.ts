@@ -47,6 +47,9 @@ export interface CallHost {
   fault(ctx: RequestContext, res: ServerResponse, err: unknown): void;
 }
 
+/** The most input a provider's count before a call is believed: the largest context window there is (Llama 4 Scout's 10M tokens). */
+const MAX_COUNTED_INPUT = 10_000_000;
+
 const NO_USAGE: Usage = { inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
 const ignore = (): void => {};
 
@@ -183,7 +186,15 @@ export class BilledCall implements Exchange {
     this.reported = this.reported === null ? usage : atLeast(usage, this.reported);
   }
 
+  /**
+   * A count above MAX_COUNTED_INPUT (no model reads that much) is taken down to it, and logged:
+   * a broken provider's 999,999,999 made a client leaving early $2,000 of charge (found in review).
+   */
   noteInputCount(tokens: number): void {
+    if (tokens > MAX_COUNTED_INPUT) {
+      this.gw.logger.warn('provider counted more input than any model reads', { request_id: this.ctx.id, model: this.model.id, input_tokens: tokens, ceiling: MAX_COUNTED_INPUT });
+      tokens = MAX_COUNTED_INPUT;
+    }
     if (tokens > this.countedInput) this.countedInput = tokens;
   }
 

@@ -196,7 +196,8 @@ export class HttpProvider implements Provider {
     }
     const upstream = { ...request.body };
     upstream.model = request.model.upstreamModel;
-    this.ask(target, JSON.stringify(upstream), request.requestId, this.kind.headers((name) => request.header(name)), request.onAbort, (outcome) => {
+    const headers = this.kind.headers((name) => request.header(name));
+    this.ask(target, JSON.stringify(upstream), request.requestId, headers, this.takeKey(), this.config.timeoutMs, request.onAbort, (outcome) => {
       if (outcome.kind === 'timeout') {
         return request.fail('upstream_timeout', {
           // Still waiting for one of the counts' connections: the gateway's own queue took the time.
@@ -208,24 +209,25 @@ export class HttpProvider implements Provider {
       const { status, answer, complete } = outcome;
       if (status >= 200 && status < 300 && complete) return request.answer(answer);
       if (status >= 200 && status < 300) return request.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
-      failAsAnswered(request, status, answer, null);
+      failAsAnswered(request, status, answer, outcome.waitMs);
     });
   }
 
   /**
-   * One POST to a counting endpoint (`target`, over the counts' own pool): one attempt under
-   * `timeoutMs`, sent again once on a new connection when a kept-alive one turns out closed
-   * while idle; `done` gets the answer or why there is none, once, unless the client left first.
+   * One POST to a counting endpoint (`target`, over the counts' own pool) with the credential
+   * `key`: one attempt under `timeoutMs`, sent again once on a new connection when a kept-alive
+   * one turns out closed while idle; `done` gets the answer or why there is none, once, unless
+   * the client left first.
    */
   private ask(
-    target: Target, body: string, requestId: string, extraHeaders: readonly string[], onAbort: (stop: () => void) => void, done: (outcome: CountOutcome) => void,
+    target: Target, body: string, requestId: string, extraHeaders: readonly string[], key: number, timeoutMs: number,
+    onAbort: (stop: () => void) => void, done: (outcome: CountOutcome) => void,
   ): void {
     const headers = [
       'host', target.host, 'content-type', 'application/json', 'content-length', String(Buffer.byteLength(body)),
       'accept', 'application/json', 'accept-encoding', 'identity', 'x-request-id', requestId,
       ...extraHeaders, ...this.config.headers,
     ];
-    const key = this.takeKey();
     if (key >= 0) headers.push(...this.credentials[key]!);
     let over = false;
     const finish = (then: () => void) => {
@@ -239,7 +241,7 @@ export class HttpProvider implements Provider {
       const queued = req.socket == null;
       req.destroy();
       done({ kind: 'timeout', queued });
-    }), this.config.timeoutMs);
+    }), timeoutMs);
     onAbort(() => finish(() => req.destroy()));
     const send = (fresh: boolean) => {
       const options: FreshOptions = { method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers, fresh };
@@ -253,7 +255,8 @@ export class HttpProvider implements Provider {
       req.on('upgrade', upgraded((err) => finish(() => done({ kind: 'unreachable', error: err }))));
       req.on('response', (res) => {
         answered = true;
-        readSome(res, MAX_ERROR_BYTES, (answer, complete) => finish(() => done({ kind: 'answer', status: res.statusCode ?? 0, answer, complete })));
+        const waitMs = retryAfterMs(res.headers, Date.now());
+        readSome(res, MAX_ERROR_BYTES, (answer, complete) => finish(() => done({ kind: 'answer', status: res.statusCode ?? 0, waitMs, answer, complete })));
       });
       req.end(body);
     };
@@ -261,30 +264,45 @@ export class HttpProvider implements Provider {
   }
 
   /**
-   * Counts, before a Responses call that continues a stored response or conversation, the input
-   * the provider will bill for it, and notes it: a client that left before the final usage was
-   * charged only the input its request carried, while OpenAI bills the whole stored context
-   * (found in review: a stored conversation of 300,000 tokens, continued again and again by calls
-   * cut after their first event, cost the gateway its price each time and the client nothing).
-   * A count the provider refuses as the request's fault (a 4xx) is the call's answer, free; one
-   * it cannot give (a compatible server without the endpoint, overloaded, unreachable, too slow)
-   * lets the call go on with the gateway's estimate, as before.
+   * Counts, before a Responses call whose input the provider holds or fetches beyond what the
+   * request carries (see inputBeyondRequest), the input it will bill, and notes it: a client that
+   * left before the final usage was charged only what its request carried, while OpenAI bills
+   * all of it (found in review: a stored conversation of 300,000 tokens, continued again and
+   * again by calls cut after their first event, cost the gateway its price each time and the
+   * client nothing). With the call's own credential, within COUNT_TIMEOUT_MS. Only a server
+   * without the endpoint (404, 405: a compatible one) lets the call go on uncounted; any other
+   * failure to count is the call's, free, as the same failure of the call would be (found in
+   * review: a count the provider rate-limited, or one left waiting, let the call go on uncounted).
    */
-  private countStoredInput(ex: Exchange, then: () => void): void {
+  private countInput(ex: Exchange, key: number, then: () => void): void {
     const upstream: Record<string, unknown> = { model: ex.model.upstreamModel };
     for (const field of COUNTED_FIELDS) if (ex.body[field] !== undefined) upstream[field] = ex.body[field];
-    this.ask(this.inputCountTarget!, JSON.stringify(upstream), ex.requestId, [], (stop) => ex.onAbort(stop), (outcome) => {
+    const timeoutMs = Math.min(this.config.timeoutMs, COUNT_TIMEOUT_MS);
+    this.ask(this.inputCountTarget!, JSON.stringify(upstream), ex.requestId, [], key, timeoutMs, (stop) => ex.onAbort(stop), (outcome) => {
       if (ex.aborted) return;
       try {
-        if (outcome.kind === 'answer' && outcome.status >= 200 && outcome.status < 300) {
-          const counted = outcome.complete ? inputTokensIn(outcome.answer) : null;
-          if (counted !== null) ex.noteInputCount(counted);
-        } else if (outcome.kind === 'answer' && outcome.status >= 400 && outcome.status < 500 && !UNCOUNTED_STATUSES.has(outcome.status)) {
+        if (outcome.kind === 'answer') {
+          const { status } = outcome;
+          if (status >= 200 && status < 300) {
+            const counted = outcome.complete ? inputTokensIn(outcome.answer) : null;
+            if (counted !== null) ex.noteInputCount(counted);
+            return then();
+          }
+          if (status === 404 || status === 405) return then();
           ex.noteDelivered(false);
-          ex.upstreamFailed('4xx');
-          return failAsAnswered(ex, outcome.status, outcome.answer, null);
+          ex.upstreamFailed(failureKind(status), outcome.waitMs);
+          return failAsAnswered(ex, status, outcome.answer, outcome.waitMs);
         }
-        then();
+        ex.noteDelivered(false);
+        if (outcome.kind === 'timeout') {
+          ex.upstreamFailed(outcome.queued ? 'queued' : 'timeout');
+          return ex.fail('upstream_timeout', {
+            message: outcome.queued ? `No connection to the provider came free within ${timeoutMs} ms to count the call's input (the gateway's connections for counts are all busy).`
+              : `The provider did not count the call's input within ${timeoutMs} ms.`,
+          });
+        }
+        ex.upstreamFailed('connection');
+        ex.fail('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
       } catch (err) {
         ex.crash(err); // runs from a socket's events: a bug fails this call, never the process
       }
@@ -292,14 +310,17 @@ export class HttpProvider implements Provider {
   }
 
   handle(ex: Exchange): void {
-    if (ex.endpoint === 'responses' && this.inputCountTarget !== null && continuesStored(ex.body)) {
-      return this.countStoredInput(ex, () => this.send(ex));
+    const key = this.takeKey();
+    if (ex.endpoint === 'responses' && this.inputCountTarget !== null && inputBeyondRequest(ex.body)) {
+      // The count and the call go with the same credential: another key may be another project,
+      // which cannot see the stored response.
+      return this.countInput(ex, key, () => this.send(ex, key));
     }
-    this.send(ex);
+    this.send(ex, key);
   }
 
-  /** Sends the call, retrying before the first byte as section 6 says, and relays the answer. */
-  private send(ex: Exchange): void {
+  /** Sends the call with credential `key` first, retrying before the first byte as section 6 says, and relays the answer. */
+  private send(ex: Exchange, key: number): void {
     const target = this.targets.get(ex.endpoint)!;
     const wire = WIRES[ex.endpoint];
     const body = wire.upstreamBody(ex);
@@ -314,7 +335,6 @@ export class HttpProvider implements Provider {
       ...this.config.headers,
     ];
     // The credential goes last, so a retry after a 429 can put another key in its place.
-    let key = this.takeKey();
     if (key >= 0) headers.push(...this.credentials[key]!);
     const options = {
       method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers,
@@ -455,7 +475,7 @@ export class HttpProvider implements Provider {
     }
     ex.noteDelivered(false); // an error status: the provider refused the call
     const providerWait = retryAfterMs(res.headers, Date.now());
-    ex.upstreamFailed(status === 408 || status === 429 || status === 503 || status === 529 ? String(status) : status < 500 ? '4xx' : '5xx', providerWait);
+    ex.upstreamFailed(failureKind(status), providerWait);
 
     // A 429 is about one key: with another key the next attempt need not wait for this one's Retry-After.
     const otherKey = status === 429 && this.credentials.length > 1;
@@ -744,9 +764,14 @@ function failAsAnswered(to: Failing, status: number, answer: Buffer, providerWai
   to.fail('upstream_error', { message: `The provider answered ${status}.` });
 }
 
-/** What a count gave: the provider's answer, or why there is none. */
+/** How an error status is reported (Exchange.upstreamFailed; routing fails over on some). */
+function failureKind(status: number): string {
+  return status === 408 || status === 429 || status === 503 || status === 529 ? String(status) : status < 500 ? '4xx' : '5xx';
+}
+
+/** What a count gave: the provider's answer (with its Retry-After), or why there is none. */
 type CountOutcome =
-  | { kind: 'answer'; status: number; answer: Buffer; complete: boolean }
+  | { kind: 'answer'; status: number; waitMs: number | null; answer: Buffer; complete: boolean }
   | { kind: 'unreachable'; error: Error }
   | { kind: 'timeout'; queued: boolean };
 
@@ -755,15 +780,29 @@ const COUNTED_FIELDS = [
   'conversation', 'input', 'instructions', 'parallel_tool_calls', 'personality', 'previous_response_id', 'reasoning', 'text', 'tool_choice', 'tools', 'truncation',
 ];
 
-/**
- * Statuses of the input count that say nothing of the request: no such endpoint (a compatible
- * server), a timeout, a rate limit. The call goes on without a count.
- */
-const UNCOUNTED_STATUSES = new Set([404, 405, 408, 429]);
+/** The longest a call waits for its input count (a tokenizer's work, answered in well under a second). */
+const COUNT_TIMEOUT_MS = 10_000;
 
-/** A Responses call that continues a stored response or conversation (input the request does not carry). */
-function continuesStored(body: Record<string, unknown>): boolean {
-  return (body.previous_response_id !== undefined && body.previous_response_id !== null) || (body.conversation !== undefined && body.conversation !== null);
+/**
+ * A Responses call whose input the provider holds or fetches beyond what the request carries,
+ * and bills: a stored response or conversation it continues, a stored item it refers to
+ * (`item_reference`, or an item of an id alone), or a file (`input_file`: a PDF's pages, a file
+ * by URL or id), which the gateway's estimate counts as one fixed figure (found in review: a
+ * file by URL billed 250,000 tokens was charged 3,017 when its client left early).
+ */
+function inputBeyondRequest(body: Record<string, unknown>): boolean {
+  if ((body.previous_response_id !== undefined && body.previous_response_id !== null) || (body.conversation !== undefined && body.conversation !== null)) return true;
+  const input = body.input;
+  if (!Array.isArray(input)) return false;
+  for (const item of input) {
+    if (item === null || typeof item !== 'object') continue;
+    const it = item as Record<string, unknown>;
+    if (it.type === 'item_reference' || it.type === 'input_file' || (it.type === undefined && it.role === undefined)) return true;
+    const content = it.content;
+    if (!Array.isArray(content)) continue;
+    for (const part of content) if (part !== null && typeof part === 'object' && (part as { type?: unknown }).type === 'input_file') return true;
+  }
+  return false;
 }
 
 /** The `input_tokens` of an input count's answer, or null when it has no believable one. */

@@ -39,8 +39,8 @@ describe('regression: a continued stored context is counted before the call', ()
       accounts: { acct_a: { plan: 'p' } },
       keys: { key_a: { account: 'acct_a', key: 'sk-a' } },
       models: { 'gpt-x': { provider: 'oai', upstreamModel: 'gpt-upstream', price: PRICE } },
-      providers: { oai: { protocol: 'openai', baseUrl: `${base}/v1`, timeoutMs: 1000, streamIdleTimeoutMs: 5000 } },
-    }));
+      providers: { oai: { protocol: 'openai', baseUrl: `${base}/v1`, timeoutMs: 1000, streamIdleTimeoutMs: 5000, apiKeyEnv: ['K1', 'K2'] } },
+    }), { env: { K1: 'sk-up-1', K2: 'sk-up-2' } });
   });
   after(async () => {
     for (const res of open) res.destroy();
@@ -67,23 +67,44 @@ describe('regression: a continued stored context is counted before the call', ()
     setTimeout(() => reject(new Error('no stream')), 5000).unref();
   });
 
-  for (const [name, stored] of [['previous_response_id', 'resp_1'], ['conversation', 'conv_1']] as const) {
-    test(`a client that leaves a call continuing a ${name} is charged the provider's count of its input`, async () => {
+  const beyond: Array<[string, Record<string, unknown>]> = [
+    ['a stored response it continues (previous_response_id)', { previous_response_id: 'resp_1', input: 'go on' }],
+    ['a stored conversation it continues', { conversation: 'conv_1', input: 'go on' }],
+    ['a stored item it refers to (item_reference)', { input: [{ type: 'item_reference', id: 'msg_big' }, { role: 'user', content: 'go on' }] }],
+    ['a stored item by its id alone', { input: [{ id: 'msg_big' }, { role: 'user', content: 'go on' }] }],
+    ['a file the provider fetches (input_file by URL)', { input: [{ role: 'user', content: [{ type: 'input_file', file_url: 'https://example.com/big.pdf' }, { type: 'input_text', text: 'go on' }] }] }],
+  ];
+  for (const [what, fields] of beyond) {
+    test(`a client that leaves a call with input beyond its request, ${what}, is charged the provider's count of it`, async () => {
       up.queue.push(counted(STORED), (req, res, body) => {
         open.push(res);
         startedStream(req, res, body);
       });
       const before = entriesOf(gw, 'acct_a').length;
-      await leaveAfterFirstText({ model: 'gpt-x', [name]: stored, input: 'go on', stream: true, max_output_tokens: 500, store: true });
+      await leaveAfterFirstText({ model: 'gpt-x', ...fields, stream: true, max_output_tokens: 500, store: true });
       await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_a').length > before, 5000, 'the charge');
       const charge = last()!;
       assert.equal(charge.estimated, true);
-      assert.equal(charge.inputTokens, STORED, 'the stored context the provider counted, not the two words sent');
+      assert.equal(charge.inputTokens, STORED, 'the input the provider counted, not the few words sent');
       assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses']);
       // The count gets the fields that make up the input, with the upstream model; nothing it would refuse.
-      assert.deepEqual(up.seen[0]!.body, { model: 'gpt-upstream', [name]: stored, input: 'go on' });
+      assert.deepEqual(up.seen[0]!.body, { model: 'gpt-upstream', ...fields });
+      // With the call's own credential (another key may be another project, which cannot see the stored input).
+      assert.equal(up.seen[0]!.headers.authorization, up.seen[1]!.headers.authorization);
     });
   }
+
+  test('a count no model could read is believed only up to 10,000,000 tokens, and logged', async () => {
+    up.queue.push(counted(999_999_999), (req, res, body) => {
+      open.push(res);
+      startedStream(req, res, body);
+    });
+    const before = entriesOf(gw, 'acct_a').length;
+    await leaveAfterFirstText({ model: 'gpt-x', previous_response_id: 'resp_1', input: 'go on', stream: true });
+    await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_a').length > before, 5000, 'the charge');
+    assert.equal(last()!.inputTokens, 10_000_000);
+    assert.ok(gw.logs.join('').includes('provider counted more input than any model reads'));
+  });
 
   test('a call that completes is charged its final usage, whatever the count said', async () => {
     up.queue.push(counted(STORED), responsesStream([{ text: 'Hello there' }], { input_tokens: 1234, output_tokens: 5 }));
@@ -96,11 +117,13 @@ describe('regression: a continued stored context is counted before the call', ()
   });
 
   test('a call that carries its whole input is not counted first', async () => {
-    up.queue.push(responsesStream([{ text: 'Hi' }], { input_tokens: 3, output_tokens: 1 }));
-    const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-x', input: 'hello', stream: true, previous_response_id: null });
-    assert.equal(res.status, 200);
-    await res.text();
-    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses']);
+    for (const input of ['hello', [{ role: 'user', content: [{ type: 'input_text', text: 'hello' }] }], [{ type: 'message', role: 'user', content: 'hi' }, { type: 'function_call_output', call_id: 'c', output: 'ok' }]]) {
+      up.queue.push(responsesStream([{ text: 'Hi' }], { input_tokens: 3, output_tokens: 1 }));
+      const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-x', input, stream: true, previous_response_id: null });
+      assert.equal(res.status, 200);
+      await res.text();
+    }
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses', '/v1/responses', '/v1/responses']);
   });
 
   test('a server without the count endpoint (404) takes the call as before', async () => {
@@ -124,12 +147,23 @@ describe('regression: a continued stored context is counted before the call', ()
     assert.equal(entriesOf(gw, 'acct_a').length, before, 'nothing charged');
   });
 
-  test('a count that does not come in time lets the call go on', async () => {
-    up.queue.push((_req, res) => { open.push(res); }, responsesStream([{ text: 'Hi' }], { input_tokens: 7, output_tokens: 1 }));
+  test('a count that does not come in time fails the call as a provider timeout would: free, and not sent', async () => {
+    up.queue.push((_req, res) => { open.push(res); });
+    const before = entriesOf(gw, 'acct_a').length;
     const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-x', previous_response_id: 'resp_1', input: 'hello', stream: true });
-    assert.equal(res.status, 200);
-    assert.match(await res.text(), /response\.completed/);
-    assert.equal(last()!.inputTokens, 7);
+    assert.equal(res.status, 504);
+    assert.match(((await res.json()) as { error: { message: string } }).error.message, /did not count the call's input within 1000 ms/);
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens']);
+    assert.equal(entriesOf(gw, 'acct_a').length, before, 'nothing charged');
+  });
+
+  test('a count the provider rate-limits fails the call as its 429 would (found in review: it went on uncounted)', async () => {
+    up.queue.push((_req, res) => json(res, 429, { error: { message: 'Rate limit reached' } }, { 'retry-after': '7' }));
+    const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-x', conversation: 'conv_1', input: 'hello' });
+    assert.equal(res.status, 429);
+    assert.equal(res.headers.get('retry-after'), '7');
+    await res.text();
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens']);
   });
 
   test('a client that leaves during the count: the call is never sent, and is free', async () => {
