@@ -128,6 +128,28 @@ describe('regression: metering under a broken provider (Responses and Messages)'
     assert.deepEqual([charge.estimated, charge.outputTokens], [true, 10_000]);
   });
 
+  const fetched = (index: number, page: string) => named('content_block_start', {
+    type: 'content_block_start', index, content_block: {
+      type: 'web_fetch_tool_result', tool_use_id: 'f', content: { type: 'web_fetch_result', url: 'https://example.com/', content: { type: 'document', source: { type: 'text', media_type: 'text/plain', data: page } } },
+    },
+  });
+
+  test('messages: a fetched page after message_start counts as input when the stream ends without a count that includes it (found in review: charged nothing)', async () => {
+    // 100,000 characters fetched: about 25,000 tokens Anthropic bills as input, after message_start's 100.
+    respond(start + fetched(0, 'p'.repeat(100_000)) + textDelta('so'));
+    const charge = await messagesCharge();
+    assert.equal(charge.estimated, true);
+    assert.ok(charge.inputTokens >= 25_100 && charge.inputTokens < 25_200, String(charge.inputTokens));
+  });
+
+  test('messages: a message_delta\'s cumulative input count includes what was fetched: charged as it says', async () => {
+    respond(start + fetched(0, 'p'.repeat(100_000)) + textDelta('so') +
+      named('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { input_tokens: 24_000, output_tokens: 10 } }) +
+      named('message_stop', { type: 'message_stop' }));
+    const charge = await messagesCharge();
+    assert.deepEqual([charge.estimated, charge.inputTokens, charge.outputTokens], [false, 24_000, 10]);
+  });
+
   test('messages: a search whose result is an error is not charged (Anthropic bills none): 3 started, 1 failed, a count of 2', async () => {
     respond(start + search(0) + search(1) + search(2) + failed(3) +
       named('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { output_tokens: 10, server_tool_use: { web_search_requests: 2 } } }) +

@@ -1,4 +1,4 @@
-import type { Usage } from '../../money.js';
+import { MAX_TOKENS, type Usage } from '../../money.js';
 import { eventData } from '../../providers/sse.js';
 import {
   ABSENT, checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
@@ -35,6 +35,11 @@ export function messagesUsage(u: unknown, before: Usage | null): Usage | null {
   };
   next.cacheWrite1hTokens = Math.min(next.cacheWriteTokens, hour >= 0 ? hour : before?.cacheWrite1hTokens ?? 0);
   return next.inputTokens < 0 || next.outputTokens < 0 ? null : next;
+}
+
+/** A server tool's result that is an error (`{"type": "web_search_tool_result_error", ...}`). */
+function isError(content: unknown): boolean {
+  return isObj(content) && typeof content.type === 'string' && content.type.endsWith('_error');
 }
 
 /** What a stream has reported before its first usage: nothing. */
@@ -176,6 +181,18 @@ export const messages: WireProtocol = {
     // after two searches, or a search before any usage, was charged none).
     let searches = 0; // started, less those that failed
     const withSearches = (u: Usage): Usage => (searches > (u.webSearches ?? 0) ? { ...u, webSearches: searches } : u);
+    // What server tools brought into the context (a fetched page, search results, a run's
+    // output) is billed as input, and came after message_start's count: its characters count
+    // until a count that includes them, a message_delta's input (found in review: a fetched
+    // page of 100,000 tokens was charged nothing when the client left before message_delta).
+    // An estimate, so not a reported count (a final count is never taken below those): an
+    // abnormal end is charged at least the input counted so far and it, as the input of a count.
+    let resultChars = 0;
+    const withResults = (u: Usage): Usage => (resultChars === 0 ? u : { ...u, inputTokens: Math.min(MAX_TOKENS, u.inputTokens + tokensOf(resultChars)) });
+    const noteResults = () => {
+      const u = usage ?? NOTHING_YET;
+      ex.noteInputCount(Math.min(MAX_TOKENS, u.inputTokens + u.cacheReadTokens + u.cacheWriteTokens + tokensOf(resultChars)));
+    };
     // Before any usage, an abnormal end is charged the input estimate, the output relayed, and the searches.
     const note = () => ex.noteUsage(withSearches(usage ?? NOTHING_YET));
     return {
@@ -211,6 +228,7 @@ export const messages: WireProtocol = {
             // 1) would be taken as final for the whole answer. Not final then: an estimate.
             const seen = isObj(msg.usage) && count(msg.usage.output_tokens) >= 0 ? messagesUsage(msg.usage, usage) : null;
             if (seen !== null) {
+              if (count((msg.usage as Record<string, unknown>).input_tokens) >= 0) resultChars = 0; // a cumulative input count
               usage = seen;
               final = true;
               note();
@@ -223,7 +241,13 @@ export const messages: WireProtocol = {
             if (search !== 0) {
               // Never below none: an error result before any search cancels nothing later (found in review).
               searches = Math.max(0, searches + search);
-              note();
+            }
+            // (An error result, such as a search past max_uses, brings in nothing billed.)
+            const result = typeof block.type === 'string' && block.type.endsWith('_tool_result') && !isError(block.content);
+            if (search !== 0) note();
+            if (result) {
+              resultChars += data.length;
+              noteResults();
             }
             // A block may start with output in it (a client shows it): counted, and it makes an
             // earlier count not final (found in review).
@@ -250,7 +274,7 @@ export const messages: WireProtocol = {
         }
         return { forward: true, final: false };
       },
-      usage: () => (final && usage !== null ? withSearches(usage) : null),
+      usage: () => (final && usage !== null ? withSearches(withResults(usage)) : null),
     };
   },
 
