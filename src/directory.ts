@@ -56,6 +56,8 @@ export interface ModelEntry {
   readonly outputTokenLimit: number;
   /** True for a `-thinking` variant: extended thinking is turned on upstream. */
   readonly thinking: boolean;
+  /** Output tokens a second of a model that reasons unseen (0: none given): the estimate of an abnormal end. */
+  readonly reasoningTokensPerSecond: number;
   /** The `/v1/models/{id}` answer. */
   readonly objectBody: Buffer;
 }
@@ -79,7 +81,7 @@ export class Directory {
       const provider = config.providers.get(m.provider)!;
       const entry: ModelEntry = {
         id, baseId: id, provider, upstreamModel: m.upstreamModel, deployments: [], price: m.price, billable: !isFree(m.price),
-        maxOutputTokens: m.maxOutputTokens, outputTokenLimit: m.outputTokenLimit, thinking: false,
+        maxOutputTokens: m.maxOutputTokens, outputTokenLimit: m.outputTokenLimit, thinking: false, reasoningTokensPerSecond: m.reasoningTokensPerSecond,
         objectBody: Buffer.from(JSON.stringify(modelObject(id, createdS, m, provider.id))),
       };
       this.models.set(id, withDeployments(entry, m, config));

@@ -87,6 +87,12 @@ export interface ModelConfig {
   outputTokenLimit: number;
   /** The name clients show (Anthropic's `display_name`); default: the id. */
   displayName: string;
+  /**
+   * A model that reasons before it answers: the output tokens it generates a second (0: none
+   * given). Its reasoning is billed but never relayed, so an abnormal end is charged at least
+   * this rate for the seconds since the provider had the request, within the output reserved.
+   */
+  reasoningTokensPerSecond: number;
 }
 
 export type Protocol = 'openai' | 'anthropic' | 'mock';

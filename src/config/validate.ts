@@ -400,7 +400,7 @@ function checkModels(c: Checker, record: Obj, providers: Map<string, ProviderCon
   const out = new Map<string, ModelConfig>();
   for (const [id, value] of Object.entries(record)) {
     const path = joinPath('models', id);
-    const o = c.object(path, value, ['provider', 'deployments', 'upstreamModel', 'price', 'maxOutputTokens', 'outputTokenLimit', 'displayName']);
+    const o = c.object(path, value, ['provider', 'deployments', 'upstreamModel', 'price', 'maxOutputTokens', 'outputTokenLimit', 'displayName', 'reasoningTokensPerSecond']);
     if (o === null) continue;
     const upstreamModel = c.string(`${path}.upstreamModel`, o.upstreamModel, id);
     let deployments: DeploymentConfig[];
@@ -428,6 +428,7 @@ function checkModels(c: Checker, record: Obj, providers: Map<string, ProviderCon
       price: checkPrice(c, `${path}.price`, o.price),
       maxOutputTokens, outputTokenLimit,
       displayName: c.string(`${path}.displayName`, o.displayName, id),
+      reasoningTokensPerSecond: c.int(`${path}.reasoningTokensPerSecond`, o.reasoningTokensPerSecond, 0, 100_000, 0),
     });
   }
   return out;

@@ -438,6 +438,7 @@ export class HttpProvider implements Provider {
       req.on('error', failed);
       req.on('upgrade', upgraded(failed));
       req.end(body);
+      ex.noteSent();
     };
     attempt(1);
   }

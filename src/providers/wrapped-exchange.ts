@@ -34,6 +34,7 @@ export class WrappedExchange implements Exchange {
   noteUsage(usage: Usage): void { this.inner.noteUsage(usage); }
   noteInputCount(tokens: number): void { this.inner.noteInputCount(tokens); }
   noteDelivered(delivered: boolean): void { this.inner.noteDelivered(delivered); }
+  noteSent(): void { this.inner.noteSent(); }
   observeUpstream(seconds: number): void { this.inner.observeUpstream(seconds); }
   upstreamFailed(kind: string, retryAfterMs?: number | null): void { this.inner.upstreamFailed(kind, retryAfterMs); }
   header(name: string): string | undefined { return this.inner.header(name); }

@@ -117,6 +117,7 @@ class FakeBilled implements ServedExchange {
   noteOutput(): void {}
   noteUsage(): void {}
   noteInputCount(): void {}
+  noteSent(): void {}
   observeUpstream(): void {}
   header(): undefined { return undefined; }
   settle(_u: unknown, then: () => void): void { then(); }

@@ -1,0 +1,94 @@
+import assert from 'node:assert/strict';
+import { request, type ServerResponse } from 'node:http';
+import { after, before, beforeEach, describe, test } from 'node:test';
+import type { LedgerEntry } from '../../src/ledger/types.js';
+import { FakeUpstream, type Behaviour } from '../helpers/fake-upstream.js';
+import { entriesOf, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+
+/**
+ * Found in review: a reasoning model's reasoning is billed as output but never relayed, and an
+ * abnormal end was charged the output relayed. A client that left at the first words (or asked
+ * for an answer followed by padding, and left during the padding) was charged none of the
+ * thousands of tokens the model had reasoned. A model with `reasoningTokensPerSecond` is now
+ * charged at least that rate for the seconds since the provider had the request, within the
+ * output the call reserved.
+ */
+
+const REASONING_MS = 400;
+const RATE = 1000;
+
+/** A Responses stream that reasons for REASONING_MS (nothing but its start event), then answers, and goes on. */
+const reasoningStream = (open: ServerResponse[]): Behaviour => (_req, res) => {
+  open.push(res);
+  res.writeHead(200, { 'content-type': 'text/event-stream' });
+  res.write(`event: response.created\ndata: ${JSON.stringify({ type: 'response.created', sequence_number: 0, response: { id: 'resp_r', status: 'in_progress', usage: null } })}\n\n`);
+  setTimeout(() => {
+    if (!res.destroyed) res.write(`event: response.output_text.delta\ndata: ${JSON.stringify({ type: 'response.output_text.delta', sequence_number: 1, item_id: 'm', output_index: 0, content_index: 0, delta: 'Hello' })}\n\n`);
+  }, REASONING_MS);
+};
+
+describe('regression: a reasoning model\'s unseen output is charged when its call ends abnormally', () => {
+  const up = new FakeUpstream();
+  const open: ServerResponse[] = [];
+  let gw: Running;
+
+  before(async () => {
+    const base = await up.start();
+    const price = { inputPerMillion: 1, outputPerMillion: 8 };
+    gw = await startGateway(testConfig({
+      plans: { p: { rpm: 1000, concurrency: 4, dailyCapUsd: 100 } },
+      accounts: { acct_r: { plan: 'p' } },
+      keys: { key_r: { account: 'acct_r', key: 'sk-r' } },
+      models: {
+        'o-think': { provider: 'oai', price, reasoningTokensPerSecond: RATE },
+        'plain': { provider: 'oai', price },
+      },
+      providers: { oai: { protocol: 'openai', baseUrl: `${base}/v1`, timeoutMs: 5000 } },
+    }));
+  });
+  after(async () => {
+    for (const res of open) res.destroy();
+    await gw?.close();
+    await up.close();
+  });
+  beforeEach(() => {
+    up.queue.length = 0;
+  });
+
+  const last = (): LedgerEntry => entriesOf(gw, 'acct_r').at(-1)!;
+
+  /** A streamed Responses call left at its first words; its charge. */
+  const leftAtFirstWords = async (model: string, maxOutput: number): Promise<LedgerEntry> => {
+    up.queue.push(reasoningStream(open));
+    const before = entriesOf(gw, 'acct_r').length;
+    await new Promise<void>((resolve) => {
+      const req = request(`${gw.url}/v1/responses`, { method: 'POST', headers: { authorization: 'Bearer sk-r', 'content-type': 'application/json' } }, (res) => {
+        res.on('data', (chunk: Buffer) => {
+          if (chunk.toString().includes('Hello')) req.destroy();
+        });
+      });
+      req.on('error', () => {});
+      req.on('close', () => resolve());
+      req.end(JSON.stringify({ model, input: 'think hard', stream: true, max_output_tokens: maxOutput, reasoning: { effort: 'high' } }));
+    });
+    await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_r').length > before, 5000, 'the charge');
+    return last();
+  };
+
+  test('left at its first words after reasoning: charged the rate for the time it reasoned', async () => {
+    const charge = await leftAtFirstWords('o-think', 50_000);
+    assert.equal(charge.estimated, true);
+    // 400 ms at 1,000 tokens a second: at least 400 (the run's own delays add a little).
+    assert.ok(charge.outputTokens >= (REASONING_MS * RATE) / 1000 && charge.outputTokens < 5_000, String(charge.outputTokens));
+  });
+
+  test('never above the output the call reserved', async () => {
+    const charge = await leftAtFirstWords('o-think', 100);
+    assert.equal(charge.outputTokens, 100);
+  });
+
+  test('a model without reasoningTokensPerSecond is charged the output relayed, as before', async () => {
+    const charge = await leftAtFirstWords('plain', 50_000);
+    assert.equal(charge.outputTokens, 2, '"Hello": 5 characters');
+  });
+});
