@@ -174,7 +174,10 @@ export class HttpProvider implements Provider {
     this.credentials = config.apiKeys.map((key) => credential(config.authHeader ?? kind.authHeader, key));
     for (const [endpoint, path] of Object.entries(kind.paths)) this.targets.set(endpoint, targetOf(new URL(config.baseUrl + path)));
     this.countTarget = kind.countTokensPath === null ? null : targetOf(new URL(config.baseUrl + kind.countTokensPath), true);
-    this.inputCountTarget = kind.inputCountPath === null ? null : targetOf(new URL(config.baseUrl + kind.inputCountPath), true);
+    // Part of an admitted call (which holds its slot), so over the calls' connections: on the
+    // counts' own, Anthropic count_tokens to the same origin (a proxy serving both protocols),
+    // which hold no slot, could keep calls waiting for them (found in review).
+    this.inputCountTarget = kind.inputCountPath === null ? null : targetOf(new URL(config.baseUrl + kind.inputCountPath));
   }
 
   get canCount(): boolean {
@@ -214,7 +217,7 @@ export class HttpProvider implements Provider {
   }
 
   /**
-   * One POST to a counting endpoint (`target`, over the counts' own pool) with the credential
+   * One POST to a counting endpoint (`target`, over its pool) with the credential
    * `key`: one attempt under `timeoutMs`, sent again once on a new connection when a kept-alive
    * one turns out closed while idle; `done` gets the answer or why there is none, once, unless
    * the client left first.
@@ -297,7 +300,7 @@ export class HttpProvider implements Provider {
         if (outcome.kind === 'timeout') {
           ex.upstreamFailed(outcome.queued ? 'queued' : 'timeout');
           return ex.fail('upstream_timeout', {
-            message: outcome.queued ? `No connection to the provider came free within ${timeoutMs} ms to count the call's input (the gateway's connections for counts are all busy).`
+            message: outcome.queued ? `No connection to the provider came free within ${timeoutMs} ms to count the call's input (the gateway's connections to it are all busy).`
               : `The provider did not count the call's input within ${timeoutMs} ms.`,
           });
         }
