@@ -13,8 +13,8 @@ import type { LedgerEntry } from '../ledger/types.js';
 import type { Limiter, Ticket } from '../limiter/types.js';
 import type { Logger } from '../log.js';
 import type { Metrics } from '../metrics.js';
-import { costMicro, type Usage } from '../money.js';
-import { tokensOf } from '../protocols/common.js';
+import { costMicro, MAX_TOKENS, type Usage } from '../money.js';
+import { isObj, tokensOf } from '../protocols/common.js';
 import type { Endpoint, Exchange } from '../providers/types.js';
 import { Watch, type Watchlist } from '../providers/watchlist.js';
 import type { AudioAsked, CallRequest } from '../protocols/types.js';
@@ -77,6 +77,8 @@ export class BilledCall implements Exchange {
   private reported: Usage | null = null;
   /** When the last attempt went to the provider (performance.now(); 0: none went). */
   private sentAt = 0;
+  /** Input the provider bills beyond what it reported so far (Exchange.noteUnreportedInput). */
+  private unreportedInput = 0;
   /** The provider's count of the input, taken before the call (0: none). */
   private countedInput = 0;
   /** Whether the provider has the whole request (and did not refuse it). */
@@ -200,8 +202,12 @@ export class BilledCall implements Exchange {
     if (tokens > this.countedInput) this.countedInput = tokens;
   }
 
+  noteUnreportedInput(tokens: number): void {
+    this.unreportedInput = tokens;
+  }
+
   noteSent(): void {
-    if (this.model.reasoningTokensPerSecond !== 0) this.sentAt = performance.now(); // read only for such a model
+    this.sentAt = performance.now();
   }
 
   noteDelivered(delivered: boolean): void {
@@ -298,7 +304,8 @@ export class BilledCall implements Exchange {
    * least the provider's own count taken before the call, when there is one (a stored context).
    */
   private abnormalUsage(): Usage {
-    const inputTokens = Math.max(this.inputTokens, this.countedInput);
+    // Input beyond the request and the provider's reports (server tool results) adds to both.
+    const inputTokens = Math.min(MAX_TOKENS, Math.max(this.inputTokens, this.countedInput) + this.unreportedInput);
     // No provider bills more output than the model's limit allows (a broken one may send more).
     const relayed = Math.max(Math.min(tokensOf(this.outputChars), this.model.outputTokenLimit * this.choices), this.unseenOutput());
     const reported = this.reported;
@@ -306,7 +313,9 @@ export class BilledCall implements Exchange {
     const price = this.model.price;
     // Input against input: the searches reported are added after (found in review: compared
     // with the estimate's input, they could replace it, or be dropped).
-    const reportedInput: Usage = { ...reported, outputTokens: 0, webSearches: 0, audioOutputTokens: 0 };
+    const reportedInput: Usage = {
+      ...reported, inputTokens: Math.min(MAX_TOKENS, reported.inputTokens + this.unreportedInput), outputTokens: 0, webSearches: 0, audioOutputTokens: 0,
+    };
     const estimatedInput = this.asAudio({ inputTokens, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: 0 });
     const input = costMicro(price, reportedInput) >= costMicro(price, estimatedInput) ? reportedInput : estimatedInput;
     input.outputTokens = Math.max(reported.outputTokens, relayed);
@@ -324,8 +333,24 @@ export class BilledCall implements Exchange {
    */
   private unseenOutput(): number {
     const rate = this.model.reasoningTokensPerSecond;
-    if (rate === 0 || this.sentAt === 0) return 0;
+    if (rate === 0 || this.sentAt === 0 || !this.reasons()) return 0;
     return Math.min(Math.ceil(((performance.now() - this.sentAt) / 1000) * rate), this.maxOutputTokens * this.choices);
+  }
+
+  /**
+   * Whether the call reasons on its deployment (found in review: a plain call of a model with a
+   * rate was charged the wait for its first words as reasoning). OpenAI's reasoning models reason
+   * unless asked for no or minimal effort; Claude only with thinking on: a `-thinking` id, the
+   * client's `thinking`, or an effort that a translation turns into it.
+   */
+  private reasons(): boolean {
+    const b = this.body;
+    const effort = isObj(b.reasoning) ? b.reasoning.effort : b.reasoning_effort;
+    const little = effort === 'none' || effort === 'minimal';
+    if (this.model.provider.protocol !== 'anthropic') return !little;
+    if (this.model.thinking) return true;
+    if (isObj(b.thinking)) return b.thinking.type !== 'disabled';
+    return effort !== undefined && effort !== null && !little;
   }
 
   /**

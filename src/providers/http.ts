@@ -298,7 +298,9 @@ export class HttpProvider implements Provider {
         }
         ex.noteDelivered(false);
         if (outcome.kind === 'timeout') {
-          ex.upstreamFailed(outcome.queued ? 'queued' : 'timeout');
+          // Not 'timeout': a slow count may be the request's doing (a slow file URL), and must
+          // not move the call on or cool the deployment down, fleet-wide (found in review).
+          ex.upstreamFailed(outcome.queued ? 'queued' : 'count_timeout');
           return ex.fail('upstream_timeout', {
             message: outcome.queued ? `No connection to the provider came free within ${timeoutMs} ms to count the call's input (the gateway's connections to it are all busy).`
               : `The provider did not count the call's input within ${timeoutMs} ms.`,
@@ -441,7 +443,9 @@ export class HttpProvider implements Provider {
       req.on('error', failed);
       req.on('upgrade', upgraded(failed));
       req.end(body);
-      ex.noteSent();
+      // When the provider has it all (not when it was queued for a connection), and only for
+      // a model whose unseen reasoning is estimated from it: a listener is not free.
+      if (ex.model.reasoningTokensPerSecond !== 0) req.once('finish', () => ex.noteSent());
     };
     attempt(1);
   }
@@ -802,10 +806,15 @@ function inputBeyondRequest(body: Record<string, unknown>): boolean {
     if (item === null || typeof item !== 'object') continue;
     const it = item as Record<string, unknown>;
     if (it.type === 'item_reference' || it.type === 'input_file' || (it.type === undefined && it.role === undefined)) return true;
-    const content = it.content;
-    if (!Array.isArray(content)) continue;
-    for (const part of content) if (part !== null && typeof part === 'object' && (part as { type?: unknown }).type === 'input_file') return true;
+    // A message's content, or a tool call's output (found in review: a file there was not counted).
+    if (holdsFile(it.content) || holdsFile(it.output)) return true;
   }
+  return false;
+}
+
+function holdsFile(parts: unknown): boolean {
+  if (!Array.isArray(parts)) return false;
+  for (const part of parts) if (part !== null && typeof part === 'object' && (part as { type?: unknown }).type === 'input_file') return true;
   return false;
 }
 

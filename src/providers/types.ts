@@ -76,6 +76,12 @@ export interface Exchange {
    */
   noteInputCount(tokens: number): void;
   /**
+   * Input the provider bills beyond the usage it has reported so far (server tool results that
+   * joined the context after its count), as the whole of it so far (set, not added; 0 once a
+   * count includes it): an abnormal end adds it to the reported input, at the input price.
+   */
+  noteUnreportedInput(tokens: number): void;
+  /**
    * Whether the provider now has the whole request (true once it is sent; false when the
    * provider refused an attempt). A call whose provider never had it is not charged.
    */

@@ -33,6 +33,7 @@ export class WrappedExchange implements Exchange {
   noteOutput(chars: number): void { this.inner.noteOutput(chars); }
   noteUsage(usage: Usage): void { this.inner.noteUsage(usage); }
   noteInputCount(tokens: number): void { this.inner.noteInputCount(tokens); }
+  noteUnreportedInput(tokens: number): void { this.inner.noteUnreportedInput(tokens); }
   noteDelivered(delivered: boolean): void { this.inner.noteDelivered(delivered); }
   noteSent(): void { this.inner.noteSent(); }
   observeUpstream(seconds: number): void { this.inner.observeUpstream(seconds); }

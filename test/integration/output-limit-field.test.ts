@@ -84,6 +84,15 @@ describe('a provider that reads only max_tokens (outputLimitField)', () => {
     assert.equal(entriesOf(gw, 'acct_a').at(-1)!.outputTokens, 2);
   });
 
+  test('the limit is added to the text as it came (not re-serialised); a max_tokens of null is replaced', async () => {
+    up.queue.push((_req, res) => json(res, 200, openaiCompletion('hello')), (_req, res) => json(res, 200, openaiCompletion('hello')));
+    const text = '{"model":"local-llm", "messages":[{"role":"user","content":"hi"}], "max_completion_tokens":50}';
+    await (await postJson(`${gw.url}/v1/chat/completions`, 'sk-a', text)).text();
+    assert.equal(up.seen[0]!.text, '{"max_tokens":50,"model":"qwen3", "messages":[{"role":"user","content":"hi"}], "max_completion_tokens":50}');
+    await (await postJson(`${gw.url}/v1/chat/completions`, 'sk-a', { model: 'local-llm', messages: [{ role: 'user', content: 'hi' }], max_completion_tokens: 60, max_tokens: null })).text();
+    assert.equal(up.seen[1]!.body.max_tokens, 60);
+  });
+
   test('a chat call that sets max_tokens itself is passed on as it came', async () => {
     up.queue.push((_req, res) => json(res, 200, openaiCompletion('hello')));
     const text = '{"model":"local-llm","messages":[{"role":"user","content":"hi"}],"max_tokens":40}';

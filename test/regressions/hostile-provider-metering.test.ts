@@ -142,6 +142,26 @@ describe('regression: metering under a broken provider (Responses and Messages)'
     assert.ok(charge.inputTokens >= 25_100 && charge.inputTokens < 25_200, String(charge.inputTokens));
   });
 
+  const cachedStart = named('message_start', { type: 'message_start', message: { id: 'msg', type: 'message', role: 'assistant', content: [], usage: { input_tokens: 50, cache_read_input_tokens: 100_000, output_tokens: 1 } } });
+  const results = named('content_block_start', { type: 'content_block_start', index: 0, content_block: { type: 'web_search_tool_result', tool_use_id: 's', content: [{ type: 'web_search_result', url: 'https://example.com/', title: 't', encrypted_content: 'e'.repeat(3_900) }] } });
+
+  test('messages: what a server tool brought in adds to the reported input, its cache reads kept apart (found in review: all priced as input)', async () => {
+    respond(cachedStart + results + textDelta('so'));
+    const charge = await messagesCharge();
+    assert.equal(charge.estimated, true);
+    // 100,000 cache reads (free at this price) and about 1,050 input at $2 a million; all of it at the input price was $0.20.
+    assert.ok(charge.inputTokens > 101_000 && charge.inputTokens < 101_100, String(charge.inputTokens));
+    assert.ok(-charge.amountMicro > 2_000 && -charge.amountMicro < 2_300, String(charge.amountMicro));
+  });
+
+  test('messages: once a message_delta input count includes the results, an abnormal end adds nothing for them', async () => {
+    respond(cachedStart + results + named('message_delta', { type: 'message_delta', delta: {}, usage: { input_tokens: 1_050, cache_read_input_tokens: 100_000, output_tokens: 1 } }) + textDelta('more'));
+    const charge = await messagesCharge();
+    assert.equal(charge.estimated, true);
+    assert.equal(charge.inputTokens, 101_050);
+    assert.equal(-charge.amountMicro, 1_050 * 2 + 1 * 8, 'the reported input, the cache reads at their price, the output relayed');
+  });
+
   test('messages: a message_delta\'s cumulative input count includes what was fetched: charged as it says', async () => {
     respond(start + fetched(0, 'p'.repeat(100_000)) + textDelta('so') +
       named('message_delta', { type: 'message_delta', delta: { stop_reason: 'end_turn' }, usage: { input_tokens: 24_000, output_tokens: 10 } }) +

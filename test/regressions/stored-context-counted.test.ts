@@ -38,8 +38,14 @@ describe('regression: a continued stored context is counted before the call', ()
       plans: { p: { rpm: 10_000, concurrency: 5, dailyCapUsd: 100 } },
       accounts: { acct_a: { plan: 'p' } },
       keys: { key_a: { account: 'acct_a', key: 'sk-a' } },
-      models: { 'gpt-x': { provider: 'oai', upstreamModel: 'gpt-upstream', price: PRICE } },
-      providers: { oai: { protocol: 'openai', baseUrl: `${base}/v1`, timeoutMs: 1000, streamIdleTimeoutMs: 5000, apiKeyEnv: ['K1', 'K2'] } },
+      models: {
+        'gpt-x': { provider: 'oai', upstreamModel: 'gpt-upstream', price: PRICE },
+        'gpt-routed': { price: PRICE, deployments: [{ provider: 'oai', upstreamModel: 'gpt-upstream' }, { provider: 'oai2', upstreamModel: 'gpt-upstream' }] },
+      },
+      providers: {
+        oai: { protocol: 'openai', baseUrl: `${base}/v1`, timeoutMs: 1000, streamIdleTimeoutMs: 5000, apiKeyEnv: ['K1', 'K2'] },
+        oai2: { protocol: 'openai', baseUrl: `${base}/v1`, timeoutMs: 1000 },
+      },
     }), { env: { K1: 'sk-up-1', K2: 'sk-up-2' } });
   });
   after(async () => {
@@ -73,6 +79,7 @@ describe('regression: a continued stored context is counted before the call', ()
     ['a stored item it refers to (item_reference)', { input: [{ type: 'item_reference', id: 'msg_big' }, { role: 'user', content: 'go on' }] }],
     ['a stored item by its id alone', { input: [{ id: 'msg_big' }, { role: 'user', content: 'go on' }] }],
     ['a file the provider fetches (input_file by URL)', { input: [{ role: 'user', content: [{ type: 'input_file', file_url: 'https://example.com/big.pdf' }, { type: 'input_text', text: 'go on' }] }] }],
+    ['a file in a tool call\'s output', { input: [{ type: 'function_call_output', call_id: 'c', output: [{ type: 'input_file', file_url: 'https://example.com/big.pdf' }] }] }],
   ];
   for (const [what, fields] of beyond) {
     test(`a client that leaves a call with input beyond its request, ${what}, is charged the provider's count of it`, async () => {
@@ -155,6 +162,15 @@ describe('regression: a continued stored context is counted before the call', ()
     assert.match(((await res.json()) as { error: { message: string } }).error.message, /did not count the call's input within 1000 ms/);
     assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens']);
     assert.equal(entriesOf(gw, 'acct_a').length, before, 'nothing charged');
+  });
+
+  test('a slow count (a slow file URL is the request\'s doing) does not move a routed call on, nor cool the deployment down', async () => {
+    up.queue.push((_req, res) => { open.push(res); });
+    const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-routed', input: [{ role: 'user', content: [{ type: 'input_file', file_url: 'https://slow.example/x.pdf' }] }] });
+    assert.equal(res.status, 504);
+    await res.text();
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens'], 'one count, no other deployment tried');
+    assert.equal(gw.gateway.metrics.render().includes('mg_cooldowns_total{'), false);
   });
 
   test('a count the provider rate-limits fails the call as its 429 would (found in review: it went on uncounted)', async () => {

@@ -27,6 +27,16 @@ const reasoningStream = (open: ServerResponse[]): Behaviour => (_req, res) => {
   }, REASONING_MS);
 };
 
+/** A Messages stream that says nothing for REASONING_MS after message_start, then answers, and goes on. */
+const slowMessages = (open: ServerResponse[]): Behaviour => (_req, res) => {
+  open.push(res);
+  res.writeHead(200, { 'content-type': 'text/event-stream' });
+  res.write(`event: message_start\ndata: ${JSON.stringify({ type: 'message_start', message: { id: 'm', type: 'message', role: 'assistant', content: [], usage: { input_tokens: 10, output_tokens: 1 } } })}\n\n`);
+  setTimeout(() => {
+    if (!res.destroyed) res.write(`event: content_block_delta\ndata: ${JSON.stringify({ type: 'content_block_delta', index: 0, delta: { type: 'text_delta', text: 'Hello' } })}\n\n`);
+  }, REASONING_MS);
+};
+
 describe('regression: a reasoning model\'s unseen output is charged when its call ends abnormally', () => {
   const up = new FakeUpstream();
   const open: ServerResponse[] = [];
@@ -42,8 +52,9 @@ describe('regression: a reasoning model\'s unseen output is charged when its cal
       models: {
         'o-think': { provider: 'oai', price, reasoningTokensPerSecond: RATE },
         'plain': { provider: 'oai', price },
+        'claude-r': { provider: 'ant', price, reasoningTokensPerSecond: RATE },
       },
-      providers: { oai: { protocol: 'openai', baseUrl: `${base}/v1`, timeoutMs: 5000 } },
+      providers: { oai: { protocol: 'openai', baseUrl: `${base}/v1`, timeoutMs: 5000 }, ant: { protocol: 'anthropic', baseUrl: base, timeoutMs: 5000 } },
     }));
   });
   after(async () => {
@@ -57,19 +68,19 @@ describe('regression: a reasoning model\'s unseen output is charged when its cal
 
   const last = (): LedgerEntry => entriesOf(gw, 'acct_r').at(-1)!;
 
-  /** A streamed Responses call left at its first words; its charge. */
-  const leftAtFirstWords = async (model: string, maxOutput: number): Promise<LedgerEntry> => {
-    up.queue.push(reasoningStream(open));
+  /** A streamed call left at its first words; its charge. */
+  const leftAtFirstWords = async (model: string, maxOutput: number, effort = 'high', path = '/v1/responses', body?: Record<string, unknown>): Promise<LedgerEntry> => {
+    up.queue.push(path === '/v1/responses' ? reasoningStream(open) : slowMessages(open));
     const before = entriesOf(gw, 'acct_r').length;
     await new Promise<void>((resolve) => {
-      const req = request(`${gw.url}/v1/responses`, { method: 'POST', headers: { authorization: 'Bearer sk-r', 'content-type': 'application/json' } }, (res) => {
+      const req = request(`${gw.url}${path}`, { method: 'POST', headers: { authorization: 'Bearer sk-r', 'content-type': 'application/json' } }, (res) => {
         res.on('data', (chunk: Buffer) => {
           if (chunk.toString().includes('Hello')) req.destroy();
         });
       });
       req.on('error', () => {});
       req.on('close', () => resolve());
-      req.end(JSON.stringify({ model, input: 'think hard', stream: true, max_output_tokens: maxOutput, reasoning: { effort: 'high' } }));
+      req.end(JSON.stringify(body ?? { model, input: 'think hard', stream: true, max_output_tokens: maxOutput, reasoning: { effort } }));
     });
     await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_r').length > before, 5000, 'the charge');
     return last();
@@ -85,6 +96,19 @@ describe('regression: a reasoning model\'s unseen output is charged when its cal
   test('never above the output the call reserved', async () => {
     const charge = await leftAtFirstWords('o-think', 100);
     assert.equal(charge.outputTokens, 100);
+  });
+
+  test('a call asking for minimal effort reasons little: charged the output relayed (found in review)', async () => {
+    const charge = await leftAtFirstWords('o-think', 50_000, 'minimal');
+    assert.equal(charge.outputTokens, 2);
+  });
+
+  test('Claude reasons only with thinking on: a plain call is charged the output relayed, a thinking one the rate', async () => {
+    const call = (extra: Record<string, unknown>) => ({ model: 'claude-r', max_tokens: 8_000, stream: true, messages: [{ role: 'user', content: 'hi' }], ...extra });
+    const plain = await leftAtFirstWords('claude-r', 0, '', '/v1/messages', call({}));
+    assert.equal(plain.outputTokens, 2);
+    const thinking = await leftAtFirstWords('claude-r', 0, '', '/v1/messages', call({ thinking: { type: 'enabled', budget_tokens: 4_000 } }));
+    assert.ok(thinking.outputTokens >= (REASONING_MS * RATE) / 1000 && thinking.outputTokens <= 8_000, String(thinking.outputTokens));
   });
 
   test('a model without reasoningTokensPerSecond is charged the output relayed, as before', async () => {

@@ -118,6 +118,7 @@ class FakeBilled implements ServedExchange {
   noteUsage(): void {}
   noteInputCount(): void {}
   noteSent(): void {}
+  noteUnreportedInput(): void {}
   observeUpstream(): void {}
   header(): undefined { return undefined; }
   settle(_u: unknown, then: () => void): void { then(); }

@@ -138,20 +138,18 @@ export const chat: WireProtocol = {
 
   upstreamBody(ex) {
     const limit = limitToName(ex);
-    if (limit !== null) {
-      const body = withModel(ex);
-      body.max_tokens = limit;
-      if (ex.stream && !clientAskedUsage(ex.body)) body.stream_options = { ...(isObj(body.stream_options) ? body.stream_options : {}), include_usage: true };
-      return JSON.stringify(body);
-    }
-    if (!ex.stream || clientAskedUsage(ex.body)) return modelSwapped(ex);
     // Usage is how the call is metered: always ask for it (the extra chunk is removed again
-    // below when the client did not ask for it). Usually the client sent no stream_options:
-    // added to the text, the rest not re-serialised.
-    if (ex.body.stream_options === undefined) return prependTopLevel(modelSwapped(ex), 'stream_options', '{"include_usage":true}');
+    // below when the client did not ask for it). Usually the client sent no stream_options
+    // (nor max_tokens, when it is added): added to the text, the rest not re-serialised.
+    if (limit === null || ex.body.max_tokens === undefined) {
+      let text: string | null = null;
+      if (!ex.stream || clientAskedUsage(ex.body)) text = modelSwapped(ex);
+      else if (ex.body.stream_options === undefined) text = prependTopLevel(modelSwapped(ex), 'stream_options', '{"include_usage":true}');
+      if (text !== null) return limit === null ? text : prependTopLevel(text, 'max_tokens', String(limit));
+    }
     const body = withModel(ex);
-    const options = isObj(body.stream_options) ? body.stream_options : {};
-    body.stream_options = { ...options, include_usage: true };
+    if (limit !== null) body.max_tokens = limit;
+    if (ex.stream && !clientAskedUsage(ex.body)) body.stream_options = { ...(isObj(body.stream_options) ? body.stream_options : {}), include_usage: true };
     return JSON.stringify(body);
   },
 

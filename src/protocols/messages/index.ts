@@ -185,14 +185,10 @@ export const messages: WireProtocol = {
     // output) is billed as input, and came after message_start's count: its characters count
     // until a count that includes them, a message_delta's input (found in review: a fetched
     // page of 100,000 tokens was charged nothing when the client left before message_delta).
-    // An estimate, so not a reported count (a final count is never taken below those): an
-    // abnormal end is charged at least the input counted so far and it, as the input of a count.
+    // An estimate, so not a reported count (a final count is never taken below those): noted
+    // as input not yet reported, which an abnormal end adds to the reported input.
     let resultChars = 0;
     const withResults = (u: Usage): Usage => (resultChars === 0 ? u : { ...u, inputTokens: Math.min(MAX_TOKENS, u.inputTokens + tokensOf(resultChars)) });
-    const noteResults = () => {
-      const u = usage ?? NOTHING_YET;
-      ex.noteInputCount(Math.min(MAX_TOKENS, u.inputTokens + u.cacheReadTokens + u.cacheWriteTokens + tokensOf(resultChars)));
-    };
     // Before any usage, an abnormal end is charged the input estimate, the output relayed, and the searches.
     const note = () => ex.noteUsage(withSearches(usage ?? NOTHING_YET));
     return {
@@ -228,7 +224,10 @@ export const messages: WireProtocol = {
             // 1) would be taken as final for the whole answer. Not final then: an estimate.
             const seen = isObj(msg.usage) && count(msg.usage.output_tokens) >= 0 ? messagesUsage(msg.usage, usage) : null;
             if (seen !== null) {
-              if (count((msg.usage as Record<string, unknown>).input_tokens) >= 0) resultChars = 0; // a cumulative input count
+              if (resultChars > 0 && count((msg.usage as Record<string, unknown>).input_tokens) >= 0) {
+                resultChars = 0; // a cumulative input count includes them
+                ex.noteUnreportedInput(0);
+              }
               usage = seen;
               final = true;
               note();
@@ -247,7 +246,7 @@ export const messages: WireProtocol = {
             if (search !== 0) note();
             if (result) {
               resultChars += data.length;
-              noteResults();
+              ex.noteUnreportedInput(tokensOf(resultChars));
             }
             // A block may start with output in it (a client shows it): counted, and it makes an
             // earlier count not final (found in review).
