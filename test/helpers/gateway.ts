@@ -1,5 +1,5 @@
 import { hash } from 'node:crypto';
-import type { Server } from 'node:http';
+import { request, type Server } from 'node:http';
 import type { AdminStore } from '../../src/admin/state.js';
 import type { Clock } from '../../src/clock.js';
 import { validateConfig } from '../../src/config/validate.js';
@@ -135,4 +135,19 @@ export async function chatReceivedWhole(url: string, key: string, model: string,
   } catch {
     return null;
   }
+}
+
+/** POSTs a call and leaves (closes the connection) as soon as its answer shows `marker`; resolves once closed. */
+export function leaveWhenSeen(url: string, key: string, body: unknown, marker: string, ms = 5000): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    const req = request(url, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json' } }, (res) => {
+      res.on('data', (chunk: Buffer) => {
+        if (chunk.toString().includes(marker)) req.destroy();
+      });
+    });
+    req.on('error', () => {});
+    req.on('close', () => resolve());
+    req.end(JSON.stringify(body));
+    setTimeout(() => reject(new Error(`${marker} never came`)), ms).unref();
+  });
 }

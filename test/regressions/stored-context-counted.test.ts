@@ -3,7 +3,7 @@ import { request, type ServerResponse } from 'node:http';
 import { after, before, beforeEach, describe, test } from 'node:test';
 import type { LedgerEntry } from '../../src/ledger/types.js';
 import { FakeUpstream, json, responsesStream, type Behaviour } from '../helpers/fake-upstream.js';
-import { entriesOf, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+import { entriesOf, leaveWhenSeen, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
 /**
  * Found in review: a Responses call that continues a stored response (`previous_response_id`)
@@ -61,17 +61,7 @@ describe('regression: a continued stored context is counted before the call', ()
   const last = (): LedgerEntry | undefined => entriesOf(gw, 'acct_a').at(-1);
 
   /** Sends a streamed call and leaves once its first text arrived. */
-  const leaveAfterFirstText = (body: Record<string, unknown>) => new Promise<void>((resolve, reject) => {
-    const req = request(`${gw.url}/v1/responses`, { method: 'POST', headers: { authorization: 'Bearer sk-a', 'content-type': 'application/json' } }, (res) => {
-      res.on('data', (chunk: Buffer) => {
-        if (chunk.toString().includes('Hello')) req.destroy();
-      });
-    });
-    req.on('error', () => {});
-    req.on('close', () => resolve());
-    req.end(JSON.stringify(body));
-    setTimeout(() => reject(new Error('no stream')), 5000).unref();
-  });
+  const leaveAfterFirstText = (body: Record<string, unknown>) => leaveWhenSeen(`${gw.url}/v1/responses`, 'sk-a', body, 'Hello');
 
   const beyond: Array<[string, Record<string, unknown>]> = [
     ['a stored response it continues (previous_response_id)', { previous_response_id: 'resp_1', input: 'go on' }],

@@ -1,9 +1,9 @@
 import assert from 'node:assert/strict';
-import { request, type ServerResponse } from 'node:http';
+import type { ServerResponse } from 'node:http';
 import { after, before, beforeEach, describe, test } from 'node:test';
 import type { LedgerEntry } from '../../src/ledger/types.js';
 import { FakeUpstream, type Behaviour } from '../helpers/fake-upstream.js';
-import { entriesOf, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+import { entriesOf, leaveWhenSeen, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
 /**
  * Found in review: a reasoning model's reasoning is billed as output but never relayed, and an
@@ -72,16 +72,7 @@ describe('regression: a reasoning model\'s unseen output is charged when its cal
   const leftAtFirstWords = async (model: string, maxOutput: number, effort = 'high', path = '/v1/responses', body?: Record<string, unknown>): Promise<LedgerEntry> => {
     up.queue.push(path === '/v1/responses' ? reasoningStream(open) : slowMessages(open));
     const before = entriesOf(gw, 'acct_r').length;
-    await new Promise<void>((resolve) => {
-      const req = request(`${gw.url}${path}`, { method: 'POST', headers: { authorization: 'Bearer sk-r', 'content-type': 'application/json' } }, (res) => {
-        res.on('data', (chunk: Buffer) => {
-          if (chunk.toString().includes('Hello')) req.destroy();
-        });
-      });
-      req.on('error', () => {});
-      req.on('close', () => resolve());
-      req.end(JSON.stringify(body ?? { model, input: 'think hard', stream: true, max_output_tokens: maxOutput, reasoning: { effort } }));
-    });
+    await leaveWhenSeen(`${gw.url}${path}`, 'sk-r', body ?? { model, input: 'think hard', stream: true, max_output_tokens: maxOutput, reasoning: { effort } }, 'Hello');
     await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_r').length > before, 5000, 'the charge');
     return last();
   };
