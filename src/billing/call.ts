@@ -301,7 +301,9 @@ export class BilledCall implements Exchange {
    * the larger of the input the provider reported (cache tokens included, at their prices) and
    * the gateway's input estimate, plus the larger of the output it reported and the output
    * relayed so far (characters / 4). So never less than either. The estimate's input is at
-   * least the provider's own count taken before the call, when there is one (a stored context).
+   * least the provider's own count taken before the call, when there is one (a stored context);
+   * input the provider has not reported yet (server tool results) adds to both inputs; the
+   * output is at least the unseen reasoning estimated (unseenOutput).
    */
   private abnormalUsage(): Usage {
     // Input beyond the request and the provider's reports (server tool results) adds to both.

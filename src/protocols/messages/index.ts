@@ -240,11 +240,10 @@ export const messages: WireProtocol = {
             if (search !== 0) {
               // Never below none: an error result before any search cancels nothing later (found in review).
               searches = Math.max(0, searches + search);
+              note();
             }
             // (An error result, such as a search past max_uses, brings in nothing billed.)
-            const result = typeof block.type === 'string' && block.type.endsWith('_tool_result') && !isError(block.content);
-            if (search !== 0) note();
-            if (result) {
+            if (typeof block.type === 'string' && block.type.endsWith('_tool_result') && !isError(block.content)) {
               resultChars += data.length;
               ex.noteUnreportedInput(tokensOf(resultChars));
             }
