@@ -76,6 +76,19 @@ describe('regression: metering under a broken provider (Responses and Messages)'
     assert.ok(-charge.amountMicro >= 20_000 && -charge.amountMicro < 20_100, String(charge.amountMicro));
   });
 
+  test('Responses: what a remote MCP server answered counts as input when the stream ends before its usage (found in review: charged the words sent)', async () => {
+    const mcp = { type: 'mcp_call', id: 'mcp_1', server_label: 'docs', name: 'fetch', arguments: '{}', output: 'o'.repeat(100_000), error: null };
+    respond(named('response.created', { type: 'response.created', response: { id: 'r', status: 'in_progress' } }) +
+      named('response.output_item.done', { type: 'response.output_item.done', output_index: 0, item: mcp }) +
+      named('response.output_text.delta', { type: 'response.output_text.delta', item_id: 'm', output_index: 1, content_index: 0, delta: 'so' }));
+    const res = await postJson(`${gw().url}/v1/responses`, 'sk-m', responses({ tools: [{ type: 'mcp', server_label: 'docs', server_url: 'https://mcp.example.com' }] }));
+    assert.equal(res.status, 200);
+    await res.text();
+    const charge = lastCharge();
+    assert.equal(charge.estimated, true);
+    assert.ok(charge.inputTokens >= 25_000 && charge.inputTokens < 25_200, String(charge.inputTokens));
+  });
+
   const messages = { model: 'claude', stream: true, max_tokens: 20_000, messages: [{ role: 'user', content: 'hi' }] };
   const start = named('message_start', { type: 'message_start', message: { id: 'msg', type: 'message', role: 'assistant', content: [], usage: { input_tokens: 100, output_tokens: 1 } } });
   /** A /v1/messages call answered by the stream queued with `respond`: its charge. */

@@ -151,6 +151,26 @@ export const responses: WireProtocol = {
       }
       if (isObj(msg) && isObj(msg.item) && msg.item.type === 'web_search_call') searched(searches + 1);
     };
+    // What a remote MCP server answered (a call's output, a server's tool list) joins the input,
+    // billed there, and shows no count before the final usage: its characters count as input
+    // not yet reported for an abnormal end (found in review: a client that left after a call
+    // brought in 100,000 characters was charged the words it sent).
+    let mcpChars = 0;
+    const mcpDone = (item: unknown, chars: number) => {
+      if (!isObj(item) || (item.type !== 'mcp_call' && item.type !== 'mcp_list_tools')) return;
+      mcpChars += chars; // the event's, a little more than its output or tool list
+      ex.noteUnreportedInput(tokensOf(mcpChars));
+    };
+    const itemDone = (event: string) => {
+      const data = eventData(event);
+      let msg: unknown;
+      try {
+        msg = data === null ? null : JSON.parse(data);
+      } catch {
+        return;
+      }
+      if (isObj(msg)) mcpDone(msg.item, data!.length);
+    };
     const searched = (n: number) => {
       searches = n;
       // No tokens reported yet: an abnormal end is charged the input estimate, the output relayed, and these.
@@ -166,6 +186,7 @@ export const responses: WireProtocol = {
           // A web search that ran is billed even if the stream ends before its usage (looked
           // for in the event's text first: most items added are messages).
           if (name === 'response.output_item.added' && event.includes('web_search_call')) searchStarted(event);
+          else if (name === 'response.output_item.done' && event.includes('"mcp_')) itemDone(event);
           return PASS;
         }
         const data = eventData(event);
@@ -180,6 +201,10 @@ export const responses: WireProtocol = {
         if (msg.type === 'response.output_item.added') {
           // (Named events are looked at above; this one came without its name.)
           if (isObj(msg.item) && msg.item.type === 'web_search_call') searched(searches + 1);
+          return PASS;
+        }
+        if (msg.type === 'response.output_item.done') {
+          mcpDone(msg.item, data.length);
           return PASS;
         }
         if (DELTAS.has(msg.type)) {
