@@ -206,8 +206,8 @@ export class BilledCall implements Exchange {
     this.unreportedInput = tokens;
   }
 
-  noteSent(): void {
-    this.sentAt = performance.now();
+  noteSent(sent: boolean): void {
+    this.sentAt = sent ? performance.now() : 0;
   }
 
   noteDelivered(delivered: boolean): void {
@@ -350,8 +350,9 @@ export class BilledCall implements Exchange {
     const effort = isObj(b.reasoning) ? b.reasoning.effort : b.reasoning_effort;
     const little = effort === 'none' || effort === 'minimal';
     if (this.model.provider.protocol !== 'anthropic') return !little;
+    // The client's own `thinking` goes as it is, a `-thinking` id's included (found in review: disabled there, it was charged).
+    if (b.thinking !== undefined) return isObj(b.thinking) && b.thinking.type !== 'disabled';
     if (this.model.thinking) return true;
-    if (isObj(b.thinking)) return b.thinking.type !== 'disabled';
     return effort !== undefined && effort !== null && !little;
   }
 

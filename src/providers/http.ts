@@ -277,7 +277,7 @@ export class HttpProvider implements Provider {
    * failure to count is the call's, free, as the same failure of the call would be (found in
    * review: a count the provider rate-limited, or one left waiting, let the call go on uncounted).
    */
-  private countInput(ex: Exchange, key: number, then: () => void): void {
+  private countInput(ex: Exchange, key: number, beyond: InputBeyond, then: () => void): void {
     const upstream: Record<string, unknown> = { model: ex.model.upstreamModel };
     for (const field of COUNTED_FIELDS) if (ex.body[field] !== undefined) upstream[field] = ex.body[field];
     const timeoutMs = Math.min(this.config.timeoutMs, COUNT_TIMEOUT_MS);
@@ -298,9 +298,10 @@ export class HttpProvider implements Provider {
         }
         ex.noteDelivered(false);
         if (outcome.kind === 'timeout') {
-          // Not 'timeout': a slow count may be the request's doing (a slow file URL), and must
-          // not move the call on or cool the deployment down, fleet-wide (found in review).
-          ex.upstreamFailed(outcome.queued ? 'queued' : 'count_timeout');
+          // With a file, not 'timeout': a slow count may be the request's doing (a slow file URL),
+          // and must not move the call on or cool the deployment down, fleet-wide (found in
+          // review). Without one, the deployment is as slow as a call's timeout says.
+          ex.upstreamFailed(outcome.queued ? 'queued' : beyond === 'file' ? 'count_timeout' : 'timeout');
           return ex.fail('upstream_timeout', {
             message: outcome.queued ? `No connection to the provider came free within ${timeoutMs} ms to count the call's input (the gateway's connections to it are all busy).`
               : `The provider did not count the call's input within ${timeoutMs} ms.`,
@@ -316,10 +317,11 @@ export class HttpProvider implements Provider {
 
   handle(ex: Exchange): void {
     const key = this.takeKey();
-    if (ex.endpoint === 'responses' && this.inputCountTarget !== null && inputBeyondRequest(ex.body)) {
+    const beyond = ex.endpoint === 'responses' && this.inputCountTarget !== null ? inputBeyondRequest(ex.body) : null;
+    if (beyond !== null) {
       // The count and the call go with the same credential: another key may be another project,
       // which cannot see the stored response.
-      return this.countInput(ex, key, () => this.send(ex, key));
+      return this.countInput(ex, key, beyond, () => this.send(ex, key));
     }
     this.send(ex, key);
   }
@@ -443,9 +445,13 @@ export class HttpProvider implements Provider {
       req.on('error', failed);
       req.on('upgrade', upgraded(failed));
       req.end(body);
-      // When the provider has it all (not when it was queued for a connection), and only for
-      // a model whose unseen reasoning is estimated from it: a listener is not free.
-      if (ex.model.reasoningTokensPerSecond !== 0) req.once('finish', () => ex.noteSent());
+      // From when the provider has it all (not while it is queued for a connection; an earlier
+      // attempt's time no longer counts: found in review), and only for a model whose unseen
+      // reasoning is estimated from it: a listener is not free.
+      if (ex.model.reasoningTokensPerSecond !== 0) {
+        ex.noteSent(false);
+        req.once('finish', () => ex.noteSent(true));
+      }
     };
     attempt(1);
   }
@@ -798,19 +804,23 @@ const COUNT_TIMEOUT_MS = 10_000;
  * by URL or id), which the gateway's estimate counts as one fixed figure (found in review: a
  * file by URL billed 250,000 tokens was charged 3,017 when its client left early).
  */
-function inputBeyondRequest(body: Record<string, unknown>): boolean {
-  if ((body.previous_response_id !== undefined && body.previous_response_id !== null) || (body.conversation !== undefined && body.conversation !== null)) return true;
+function inputBeyondRequest(body: Record<string, unknown>): InputBeyond | null {
+  let beyond: InputBeyond | null = (body.previous_response_id !== undefined && body.previous_response_id !== null)
+    || (body.conversation !== undefined && body.conversation !== null) ? 'stored' : null;
   const input = body.input;
-  if (!Array.isArray(input)) return false;
+  if (!Array.isArray(input)) return beyond;
   for (const item of input) {
     if (item === null || typeof item !== 'object') continue;
     const it = item as Record<string, unknown>;
-    if (it.type === 'item_reference' || it.type === 'input_file' || (it.type === undefined && it.role === undefined)) return true;
     // A message's content, or a tool call's output (found in review: a file there was not counted).
-    if (holdsFile(it.content) || holdsFile(it.output)) return true;
+    if (it.type === 'input_file' || holdsFile(it.content) || holdsFile(it.output)) return 'file';
+    if (it.type === 'item_reference' || (it.type === undefined && it.role === undefined)) beyond = 'stored';
   }
-  return false;
+  return beyond;
 }
+
+/** Why a call's input is counted first: it refers to stored input, or holds a file (which the provider may fetch). */
+type InputBeyond = 'stored' | 'file';
 
 function holdsFile(parts: unknown): boolean {
   if (!Array.isArray(parts)) return false;

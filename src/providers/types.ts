@@ -86,8 +86,11 @@ export interface Exchange {
    * provider refused an attempt). A call whose provider never had it is not charged.
    */
   noteDelivered(delivered: boolean): void;
-  /** The request went to the provider (each attempt): the time a reasoning model's unseen output is estimated from. */
-  noteSent(): void;
+  /**
+   * An attempt begins (false), and its request has all gone to the provider (true): the time a
+   * reasoning model's unseen output is estimated from.
+   */
+  noteSent(sent: boolean): void;
   /** Reports the time to the provider's response headers of one attempt (metrics). */
   observeUpstream(seconds: number): void;
   /**

@@ -35,7 +35,7 @@ export class WrappedExchange implements Exchange {
   noteInputCount(tokens: number): void { this.inner.noteInputCount(tokens); }
   noteUnreportedInput(tokens: number): void { this.inner.noteUnreportedInput(tokens); }
   noteDelivered(delivered: boolean): void { this.inner.noteDelivered(delivered); }
-  noteSent(): void { this.inner.noteSent(); }
+  noteSent(sent: boolean): void { this.inner.noteSent(sent); }
   observeUpstream(seconds: number): void { this.inner.observeUpstream(seconds); }
   upstreamFailed(kind: string, retryAfterMs?: number | null): void { this.inner.upstreamFailed(kind, retryAfterMs); }
   header(name: string): string | undefined { return this.inner.header(name); }

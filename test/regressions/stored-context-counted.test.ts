@@ -163,6 +163,14 @@ describe('regression: a continued stored context is counted before the call', ()
     assert.equal(gw.gateway.metrics.render().includes('mg_cooldowns_total{'), false);
   });
 
+  test('a count that times out for a stored context is the deployment\'s timeout: a routed call moves on (found in review)', async () => {
+    up.queue.push((_req, res) => { open.push(res); }, counted(STORED), responsesStream([{ text: 'Hi' }], { input_tokens: 9, output_tokens: 1 }));
+    const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-routed', previous_response_id: 'resp_1', input: 'hello' });
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses/input_tokens', '/v1/responses']);
+  });
+
   test('a count the provider rate-limits fails the call as its 429 would (found in review: it went on uncounted)', async () => {
     up.queue.push((_req, res) => json(res, 429, { error: { message: 'Rate limit reached' } }, { 'retry-after': '7' }));
     const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-x', conversation: 'conv_1', input: 'hello' });

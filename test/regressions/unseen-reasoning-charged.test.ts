@@ -100,6 +100,9 @@ describe('regression: a reasoning model\'s unseen output is charged when its cal
     assert.equal(plain.outputTokens, 2);
     const thinking = await leftAtFirstWords('claude-r', 0, '', '/v1/messages', call({ thinking: { type: 'enabled', budget_tokens: 4_000 } }));
     assert.ok(thinking.outputTokens >= (REASONING_MS * RATE) / 1000 && thinking.outputTokens <= 8_000, String(thinking.outputTokens));
+    // A `-thinking` id whose client turned thinking off sends it off: no reasoning (found in review).
+    const off = await leftAtFirstWords('claude-r-thinking', 0, '', '/v1/messages', call({ model: 'claude-r-thinking', thinking: { type: 'disabled' } }));
+    assert.equal(off.outputTokens, 2);
   });
 
   test('a model without reasoningTokensPerSecond is charged the output relayed, as before', async () => {
