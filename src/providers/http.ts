@@ -802,7 +802,8 @@ const COUNT_TIMEOUT_MS = 10_000;
  * and bills: a stored response or conversation it continues, a stored item it refers to
  * (`item_reference`, or an item of an id alone), or a file (`input_file`: a PDF's pages, a file
  * by URL or id), which the gateway's estimate counts as one fixed figure (found in review: a
- * file by URL billed 250,000 tokens was charged 3,017 when its client left early).
+ * file by URL billed 250,000 tokens was charged 3,017 when its client left early): which of
+ * them ('file' when it holds any file), or null for a call that carries its whole input.
  */
 function inputBeyondRequest(body: Record<string, unknown>): InputBeyond | null {
   let beyond: InputBeyond | null = (body.previous_response_id !== undefined && body.previous_response_id !== null)
