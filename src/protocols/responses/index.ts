@@ -68,6 +68,11 @@ const PASSING = new Set([
   'response.reasoning_summary_text.done', 'response.reasoning_text.done', 'response.output_text.annotation.added',
 ]);
 
+/** A passing event that may carry an item the watcher meters: a web search that started, an MCP server's answer. */
+function mayMeter(name: string, event: string): boolean {
+  return (name === 'response.output_item.added' && event.includes('web_search_call')) || (name === 'response.output_item.done' && event.includes('"mcp_'));
+}
+
 /** An input item's text (a message's content, a tool's output). */
 function itemText(item: unknown): string {
   if (typeof item === 'string') return item;
@@ -141,16 +146,6 @@ export const responses: WireProtocol = {
   watch(ex) {
     let usage: Usage | null = null;
     let searches = 0;
-    const searchStarted = (event: string) => {
-      const data = eventData(event);
-      let msg: unknown;
-      try {
-        msg = data === null ? null : JSON.parse(data);
-      } catch {
-        return;
-      }
-      if (isObj(msg) && isObj(msg.item) && msg.item.type === 'web_search_call') searched(searches + 1);
-    };
     // What a remote MCP server answered (a call's output, a server's tool list) joins the input,
     // billed there, and shows no count before the final usage: its characters count as input
     // not yet reported for an abnormal end (found in review: a client that left after a call
@@ -160,16 +155,6 @@ export const responses: WireProtocol = {
       if (!isObj(item) || (item.type !== 'mcp_call' && item.type !== 'mcp_list_tools')) return;
       mcpChars += chars; // the event's, a little more than its output or tool list
       ex.noteUnreportedInput(tokensOf(mcpChars));
-    };
-    const itemDone = (event: string) => {
-      const data = eventData(event);
-      let msg: unknown;
-      try {
-        msg = data === null ? null : JSON.parse(data);
-      } catch {
-        return;
-      }
-      if (isObj(msg)) mcpDone(msg.item, data!.length);
     };
     const searched = (n: number) => {
       searches = n;
@@ -181,14 +166,11 @@ export const responses: WireProtocol = {
         // Known events that only pass through, some of them large, are skipped by name unparsed
         // when their data says the same type first; anything else (an unknown or odd name, or
         // none, or data of another type) is read from its data's `type`.
+        // Items that may be a web search that started (billed even if the stream ends before
+        // its usage) or an MCP server's answer are read, below; they are looked for in the
+        // event's text first: most items are messages.
         const name = eventName(event);
-        if (name !== null && PASSING.has(name) && dataTypeIs(event, name)) {
-          // A web search that ran is billed even if the stream ends before its usage (looked
-          // for in the event's text first: most items added are messages).
-          if (name === 'response.output_item.added' && event.includes('web_search_call')) searchStarted(event);
-          else if (name === 'response.output_item.done' && event.includes('"mcp_')) itemDone(event);
-          return PASS;
-        }
+        if (name !== null && PASSING.has(name) && dataTypeIs(event, name) && !mayMeter(name, event)) return PASS;
         const data = eventData(event);
         if (data === null) return PASS;
         let msg: unknown;
@@ -199,7 +181,6 @@ export const responses: WireProtocol = {
         }
         if (!isObj(msg) || typeof msg.type !== 'string') return PASS;
         if (msg.type === 'response.output_item.added') {
-          // (Named events are looked at above; this one came without its name.)
           if (isObj(msg.item) && msg.item.type === 'web_search_call') searched(searches + 1);
           return PASS;
         }
