@@ -13,6 +13,7 @@ import { EventTooLarge, SseSplitter } from './sse.js';
 import { usageField } from './usage-field.js';
 import { Watch, Watchlist } from './watchlist.js';
 import type { CountRequest, Exchange, Provider } from './types.js';
+import { responsesInputOf } from '../translate/chat-to-responses-input.js';
 
 /** The most of a provider's non-streamed answer the gateway will hold to meter it (an embeddings batch can be tens of MB). */
 export const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
@@ -268,7 +269,9 @@ export class HttpProvider implements Provider {
 
   /**
    * Counts, before a Responses call whose input the provider holds or fetches beyond what the
-   * request carries (see inputBeyondRequest), the input it will bill, and notes it: a client that
+   * request carries (see inputBeyondRequest), or a chat call holding a file (a translated
+   * Messages call's PDF too: found in review, a 100-page PDF left early was charged one fixed
+   * figure of 3,000 tokens), the input it will bill, and notes it: a client that
    * left before the final usage was charged only what its request carried, while OpenAI bills
    * all of it (found in review: a stored conversation of 300,000 tokens, continued again and
    * again by calls cut after their first event, cost the gateway its price each time and the
@@ -278,8 +281,10 @@ export class HttpProvider implements Provider {
    * review: a count the provider rate-limited, or one left waiting, let the call go on uncounted).
    */
   private countInput(ex: Exchange, key: number, beyond: InputBeyond, then: () => void): void {
-    const upstream: Record<string, unknown> = { model: ex.model.upstreamModel };
-    for (const field of COUNTED_FIELDS) if (ex.body[field] !== undefined) upstream[field] = ex.body[field];
+    // A chat call (a translated Messages call too) is counted in the Responses form the endpoint takes.
+    const converted = ex.endpoint === 'chat';
+    const upstream: Record<string, unknown> = converted ? { model: ex.model.upstreamModel, ...responsesInputOf(ex.body) } : { model: ex.model.upstreamModel };
+    if (!converted) for (const field of COUNTED_FIELDS) if (ex.body[field] !== undefined) upstream[field] = ex.body[field];
     const timeoutMs = Math.min(this.config.timeoutMs, COUNT_TIMEOUT_MS);
     this.ask(this.inputCountTarget!, JSON.stringify(upstream), ex.requestId, [], key, timeoutMs, (stop) => ex.onAbort(stop), (outcome) => {
       if (ex.aborted) return;
@@ -292,6 +297,9 @@ export class HttpProvider implements Provider {
             return then();
           }
           if (status === 404 || status === 405) return then();
+          // A converted input the count refuses (a chat-only model, a part it reads otherwise) is
+          // the conversion's fault, not the call's: the call goes on, estimated as before.
+          if (converted && refusedRequest(status)) return then();
           ex.noteDelivered(false);
           ex.upstreamFailed(failureKind(status), outcome.waitMs);
           return failAsAnswered(ex, status, outcome.answer, outcome.waitMs);
@@ -317,7 +325,9 @@ export class HttpProvider implements Provider {
 
   handle(ex: Exchange): void {
     const key = this.takeKey();
-    const beyond = ex.endpoint === 'responses' && this.inputCountTarget !== null ? inputBeyondRequest(ex.body) : null;
+    const beyond = this.inputCountTarget === null ? null
+      : ex.endpoint === 'responses' ? inputBeyondRequest(ex.body)
+        : ex.endpoint === 'chat' && chatHoldsFile(ex.body) ? 'file' : null;
     if (beyond !== null) {
       // The count and the call go with the same credential: another key may be another project,
       // which cannot see the stored response.
@@ -818,6 +828,23 @@ function inputBeyondRequest(body: Record<string, unknown>): InputBeyond | null {
     if (it.type === 'item_reference' || (it.type === undefined && it.role === undefined)) beyond = 'stored';
   }
   return beyond;
+}
+
+/** A refusal of the request itself: a 4xx other than the credential's (401, 403), a timeout's (408) or a rate limit's (429). */
+function refusedRequest(status: number): boolean {
+  return status >= 400 && status < 500 && status !== 401 && status !== 403 && status !== 408 && status !== 429;
+}
+
+/** Whether a chat call holds a file part (a PDF's pages, a file by id), which the estimate counts as one fixed figure. */
+function chatHoldsFile(body: Record<string, unknown>): boolean {
+  const messages = body.messages;
+  if (!Array.isArray(messages)) return false;
+  for (const m of messages) {
+    const content = m !== null && typeof m === 'object' ? (m as { content?: unknown }).content : undefined;
+    if (!Array.isArray(content)) continue;
+    for (const part of content) if (part !== null && typeof part === 'object' && (part as { type?: unknown }).type === 'file') return true;
+  }
+  return false;
 }
 
 /** Why a call's input is counted first: it refers to stored input, or holds a file (which the provider may fetch). */

@@ -7,6 +7,7 @@ import { eventData, SseSplitter } from '../../src/providers/sse.js';
 import { chatToMessages } from '../../src/translate/chat-to-messages.js';
 import { StreamEnded, Untranslatable } from '../../src/translate/common.js';
 import { messagesToChat } from '../../src/translate/messages-to-chat.js';
+import { responsesInputOf } from '../../src/translate/chat-to-responses-input.js';
 import { responsesToMessages } from '../../src/translate/responses-to-messages.js';
 import type { CallFacts, Translation, Translator } from '../../src/translate/types.js';
 
@@ -520,3 +521,64 @@ describe('Anthropic text deltas, read without parsing', () => {
 });
 
 type Turn = { role: string; content: Array<Record<string, unknown>> };
+
+describe('chat request -> Responses input, for counting', () => {
+  test('every message kind: system and developer, user parts, assistant text, refusals and tool calls, tool results; tools with strict said', () => {
+    const chat = {
+      model: 'm',
+      messages: [
+        { role: 'system', content: 'Be brief.' },
+        { role: 'developer', content: [{ type: 'text', text: 'Cite.' }] },
+        { role: 'user', content: [
+          { type: 'text', text: 'Read this' },
+          { type: 'image_url', image_url: { url: 'https://x/i.png', detail: 'high' } },
+          { type: 'file', file: { filename: 'a.pdf', file_data: 'data:application/pdf;base64,AAAA' } },
+          { type: 'file', file: { file_id: 'file-1' } },
+          { type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } },
+        ] },
+        { role: 'assistant', content: 'Looking.', tool_calls: [
+          { id: 'call_1', type: 'function', function: { name: 'get', arguments: '{"q":1}' } },
+          { id: 'call_2', type: 'custom', custom: { name: 'sh', input: 'ls' } },
+        ] },
+        { role: 'tool', tool_call_id: 'call_1', content: [{ type: 'text', text: 'one' }, { type: 'text', text: 'two' }] },
+        { role: 'assistant', content: null, refusal: 'No.' },
+        { role: 'function', name: 'old', content: 'legacy' },
+        { role: 'user', content: [{ type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } }] },
+      ],
+      tools: [
+        { type: 'function', function: { name: 'get', description: 'Gets.', parameters: { type: 'object', properties: { q: { type: 'number' } } } } },
+        { type: 'function', function: { name: 'put', strict: true } },
+        { type: 'custom', custom: { name: 'sh', format: { type: 'text' } } },
+        { type: 'web_search' },
+      ],
+    };
+    assert.deepEqual(responsesInputOf(chat), {
+      input: [
+        { role: 'system', content: 'Be brief.' },
+        { role: 'developer', content: [{ type: 'input_text', text: 'Cite.' }] },
+        { role: 'user', content: [
+          { type: 'input_text', text: 'Read this' },
+          { type: 'input_image', image_url: 'https://x/i.png', detail: 'high' },
+          { type: 'input_file', filename: 'a.pdf', file_data: 'data:application/pdf;base64,AAAA' },
+          { type: 'input_file', file_id: 'file-1' },
+        ] },
+        { role: 'assistant', content: 'Looking.' },
+        { type: 'function_call', call_id: 'call_1', name: 'get', arguments: '{"q":1}' },
+        { type: 'custom_tool_call', call_id: 'call_2', name: 'sh', input: 'ls' },
+        { type: 'function_call_output', call_id: 'call_1', output: 'onetwo' },
+        { role: 'assistant', content: 'No.' },
+      ],
+      tools: [
+        { type: 'function', name: 'get', description: 'Gets.', parameters: { type: 'object', properties: { q: { type: 'number' } } }, strict: false },
+        { type: 'function', name: 'put', parameters: { type: 'object', properties: {} }, strict: true },
+        { type: 'custom', name: 'sh', format: { type: 'text' } },
+      ],
+    });
+  });
+
+  test('what is not a chat request gives an empty input, never a throw', () => {
+    for (const body of [{}, { messages: 'x' }, { messages: [null, 1, 'x', { role: 'user' }, { role: 'user', content: [null, { type: 'image_url' }, { type: 'file' }] }], tools: [null, 'x'] }]) {
+      assert.deepEqual(responsesInputOf(body as Record<string, unknown>), { input: [] });
+    }
+  });
+});
