@@ -14,6 +14,8 @@ import { usageField } from './usage-field.js';
 import { Watch, Watchlist } from './watchlist.js';
 import type { CountRequest, Exchange, Provider } from './types.js';
 import { responsesInputOf } from '../translate/chat-to-responses-input.js';
+import { Untranslatable } from '../translate/common.js';
+import { countAnswer, countBodyFor } from '../translate/count.js';
 
 /** The most of a provider's non-streamed answer the gateway will hold to meter it (an embeddings batch can be tens of MB). */
 export const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
@@ -165,43 +167,46 @@ export class HttpProvider implements Provider {
   /** The key the next call starts with: calls take the keys in turn. */
   private nextKey = 0;
 
-  /** Where token counts go (Anthropic's count_tokens), or null for a kind that cannot count. */
-  private readonly countTarget: Target | null;
-  /** Where a Responses call's input is counted (OpenAI's input_tokens), or null for a kind without one. */
+  /** Where clients' token counts go (the kind's count, over the counts' own connections). */
+  private readonly countTarget: Target;
+  /** Where a call's input is counted before it is sent (OpenAI's input_tokens), or null for a kind without that count. */
   private readonly inputCountTarget: Target | null;
 
   constructor(private readonly config: ProviderConfig, private readonly kind: ProviderKind) {
     this.timeouts = new Watchlist(config.timeoutMs);
     this.credentials = config.apiKeys.map((key) => credential(config.authHeader ?? kind.authHeader, key));
     for (const [endpoint, path] of Object.entries(kind.paths)) this.targets.set(endpoint, targetOf(new URL(config.baseUrl + path)));
-    this.countTarget = kind.countTokensPath === null ? null : targetOf(new URL(config.baseUrl + kind.countTokensPath), true);
+    const countUrl = new URL(config.baseUrl + kind.count.path);
+    this.countTarget = targetOf(countUrl, true);
     // Part of an admitted call (which holds its slot), so over the calls' connections: on the
-    // counts' own, Anthropic count_tokens to the same origin (a proxy serving both protocols),
-    // which hold no slot, could keep calls waiting for them (found in review).
-    this.inputCountTarget = kind.inputCountPath === null ? null : targetOf(new URL(config.baseUrl + kind.inputCountPath));
-  }
-
-  get canCount(): boolean {
-    return this.countTarget !== null;
+    // counts' own, clients' counts to the same origin, which hold no slot, could keep calls
+    // waiting for them (found in review).
+    this.inputCountTarget = kind.count.endpoint === 'responses' ? targetOf(countUrl) : null;
   }
 
   /**
-   * A token count, passed through (the model swapped, the client's anthropic-version and
-   * anthropic-beta kept): one attempt under `timeoutMs`, the provider's JSON relayed as it is,
-   * its errors mapped as a call's are. A kind that cannot count answers an error, never a 0.
+   * A client's token count, on the kind's own count: passed through when the client called the
+   * same one (the model swapped; Anthropic's anthropic-version and anthropic-beta kept, the
+   * provider's JSON relayed as it is), else translated as the call would be and answered in the
+   * client's form. One attempt under `timeoutMs`, its errors mapped as a call's are; a server
+   * without the count (404, 405: a compatible one) is the request's 400, never a made-up 0.
    */
   countTokens(request: CountRequest): void {
-    const target = this.countTarget;
-    if (target === null) {
-      return request.fail('invalid_request', {
-        message: `The model "${request.model.id}" is served over the ${this.config.protocol} protocol, which cannot count tokens.`,
-        fields: { param: 'model' },
+    const own = this.kind.count.endpoint;
+    const passed = request.endpoint === own;
+    let upstream: Record<string, unknown>;
+    try {
+      upstream = passed ? { ...request.body } : countBodyFor(request.endpoint, request.body, {
+        model: request.model.id, maxOutputTokens: request.model.maxOutputTokens, inputTokens: 0, requestId: request.requestId,
+        clientBody: request.body, outputLimitField: this.config.outputLimitField,
       });
+    } catch (err) {
+      if (!(err instanceof Untranslatable)) throw err;
+      return request.fail('invalid_request', { message: err.message, fields: { param: err.param } });
     }
-    const upstream = { ...request.body };
     upstream.model = request.model.upstreamModel;
-    const headers = this.kind.headers((name) => request.header(name));
-    this.ask(target, JSON.stringify(upstream), request.requestId, headers, this.takeKey(), this.config.timeoutMs, request.onAbort, (outcome) => {
+    const headers = own === 'messages' ? this.kind.headers((name) => request.header(name)) : [];
+    this.ask(this.countTarget, JSON.stringify(upstream), request.requestId, headers, this.takeKey(), this.config.timeoutMs, request.onAbort, (outcome) => {
       if (outcome.kind === 'timeout') {
         return request.fail('upstream_timeout', {
           // Still waiting for one of the counts' connections: the gateway's own queue took the time.
@@ -211,8 +216,18 @@ export class HttpProvider implements Provider {
       }
       if (outcome.kind === 'unreachable') return request.fail('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
       const { status, answer, complete } = outcome;
-      if (status >= 200 && status < 300 && complete) return request.answer(answer);
-      if (status >= 200 && status < 300) return request.fail('upstream_error', { message: 'The provider\'s answer was cut off or too large.' });
+      if (status >= 200 && status < 300 && complete) {
+        if (passed) return request.answer(answer);
+        const counted = inputTokensIn(answer);
+        if (counted !== null) return request.answer(countAnswer(request.endpoint, counted));
+      }
+      if (status >= 200 && status < 300) return request.fail('upstream_error', { message: 'The provider\'s count was cut off, too large or unreadable.' });
+      if (status === 404 || status === 405) {
+        return request.fail('invalid_request', {
+          message: `The model "${request.model.id}" cannot count tokens: its provider's server has no ${this.kind.count.path} (it answered ${status}).`,
+          fields: { param: 'model' },
+        });
+      }
       failAsAnswered(request, status, answer, outcome.waitMs);
     });
   }

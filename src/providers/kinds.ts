@@ -1,5 +1,6 @@
 import type { AuthHeader, Protocol } from '../config/types.js';
 import type { Endpoint } from '../protocols/types.js';
+import type { CountEndpoint } from '../translate/count.js';
 
 /**
  * What differs between the kinds of upstream (the wire protocols themselves live in
@@ -8,13 +9,12 @@ import type { Endpoint } from '../protocols/types.js';
 export interface ProviderKind {
   /** The upstream path (appended to baseUrl) of each endpoint the kind serves. */
   readonly paths: Readonly<Partial<Record<Endpoint, string>>>;
-  /** The path of token counting (Anthropic's count_tokens), when the kind has one. */
-  readonly countTokensPath: string | null;
   /**
-   * The path of the Responses API's input count (OpenAI's /responses/input_tokens, free), which
-   * can see a stored context a call continues, when the kind has one.
+   * The kind's token count (free) and the protocol of the bodies it takes: Anthropic's
+   * count_tokens (Messages), OpenAI's /responses/input_tokens (Responses), which can also see a
+   * stored context a call continues, and so counts calls before they are sent.
    */
-  readonly inputCountPath: string | null;
+  readonly count: { readonly path: string; readonly endpoint: CountEndpoint };
   /** How the key is sent unless the provider says otherwise (`authHeader`). */
   readonly authHeader: AuthHeader;
   /** Headers of one call taken from the client's request, as name/value pairs. */
@@ -26,15 +26,13 @@ const NO_HEADERS: readonly string[] = Object.freeze([]);
 export const KINDS: Readonly<Record<Exclude<Protocol, 'mock'>, ProviderKind>> = {
   openai: {
     paths: { chat: '/chat/completions', responses: '/responses', embeddings: '/embeddings' },
-    countTokensPath: null,
-    inputCountPath: '/responses/input_tokens',
+    count: { path: '/responses/input_tokens', endpoint: 'responses' },
     authHeader: 'bearer',
     headers: () => NO_HEADERS,
   },
   anthropic: {
     paths: { messages: '/v1/messages' },
-    countTokensPath: '/v1/messages/count_tokens',
-    inputCountPath: null,
+    count: { path: '/v1/messages/count_tokens', endpoint: 'messages' },
     authHeader: 'x-api-key',
     headers(header) {
       const headers = ['anthropic-version', header('anthropic-version') ?? '2023-06-01'];

@@ -2,6 +2,8 @@ import type { ProviderConfig } from '../config/types.js';
 import { tokensOf } from '../protocols/common.js';
 import { WIRES } from '../protocols/index.js';
 import { countChars } from '../protocols/messages/index.js';
+import { inputChars } from '../protocols/responses/index.js';
+import { countAnswer } from '../translate/count.js';
 import type { CountRequest, Exchange, Provider } from './types.js';
 
 /**
@@ -24,10 +26,9 @@ export class MockProvider implements Provider {
     WIRES[ex.endpoint].mock(ex, this.config.tokensPerSecond);
   }
 
-  readonly canCount = true;
-
-  /** The mock counts as it meters: 1 token per 4 characters of all message text, the system prompt included. */
+  /** The mock counts as it meters: 1 token per 4 characters of the input's text, the system prompt or instructions included. */
   countTokens(request: CountRequest): void {
-    request.answer(JSON.stringify({ input_tokens: tokensOf(countChars(request.body)) }));
+    const chars = request.endpoint === 'messages' ? countChars(request.body) : inputChars(request.body);
+    request.answer(countAnswer(request.endpoint, tokensOf(chars)));
   }
 }

@@ -5,6 +5,7 @@ import type { Usage } from '../money.js';
 
 import type { Endpoint } from '../protocols/types.js';
 import type { ParsedEvents } from './sse.js';
+import type { CountEndpoint } from '../translate/count.js';
 
 export type { Endpoint };
 
@@ -128,10 +129,12 @@ export interface Exchange {
 }
 
 /**
- * A token count (Anthropic's count_tokens) as a provider sees it: not a billed call, no slot;
- * the provider answers through `answer` (a count) or `fail`.
+ * A client's token count (Anthropic's count_tokens, OpenAI's input_tokens) as a provider sees
+ * it: not a billed call, no slot; the provider answers through `answer` (a count) or `fail`.
  */
 export interface CountRequest {
+  /** The count the client called, which says its body's protocol and its answer's form. */
+  readonly endpoint: CountEndpoint;
   /** The client's parsed, checked request body. */
   readonly body: Record<string, unknown>;
   readonly model: ModelEntry;
@@ -148,8 +151,6 @@ export interface CountRequest {
 
 export interface Provider {
   handle(exchange: Exchange): void;
-  /** Whether it can count tokens (an OpenAI-protocol provider cannot). */
-  readonly canCount: boolean;
-  /** Counts the input tokens of a Messages request; a provider that cannot count answers an error. */
+  /** Counts the input tokens of a request of either count; a provider that cannot count answers an error, never a 0. */
   countTokens(request: CountRequest): void;
 }

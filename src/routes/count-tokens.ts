@@ -7,21 +7,38 @@ import type { RequestContext } from '../http/context.js';
 import { releaseWhenClosed } from '../http/pipelined.js';
 import { baseHeaders, sendError, sendErrorSpec } from '../http/reply.js';
 import type { AccountLimits, KeyLimits } from '../limiter/types.js';
-import { checkBasics, checkMessages } from '../protocols/common.js';
+import { bad, checkBasics, checkMessages } from '../protocols/common.js';
+import type { Checked } from '../protocols/types.js';
 import type { CountRequest } from '../providers/types.js';
 import type { Router } from '../router.js';
 import type { Cooldowns } from '../routing/cooldowns.js';
+import type { CountEndpoint } from '../translate/count.js';
 import type { RouteHost } from './host.js';
 
 /**
- * POST /v1/messages/count_tokens (Anthropic's token counting, which Claude Code calls often):
- * passed through to `anthropic` providers, counted by the mock as it meters, an error for a
- * model that cannot count (never a made-up 0: a client that gets one stops compacting its
- * context). Not billed and holding no slot; counted against the plan's RPM in a window of its
- * own, so a burst of counts never eats the model calls' RPM.
+ * The token counts clients call: POST /v1/messages/count_tokens (Anthropic's, which Claude Code
+ * calls often) and POST /v1/responses/input_tokens (OpenAI's). Each is answered by the model's
+ * provider, whatever its protocol: passed through to a provider whose count it is, translated as
+ * the call would be to the other's, counted by the mock as it meters; an error for a model that
+ * cannot count (never a made-up 0: a client that gets one stops compacting its context). Not
+ * billed and holding no slot; counted against the plan's RPM in a window of its own (one for
+ * both counts), so a burst of counts never eats the model calls' RPM.
  */
 export function registerCountTokensRoute(router: Router<RouteHost>): void {
-  router.add('/v1/messages/count_tokens', { auth: true, anthropic: true, methods: { POST: countTokens } });
+  router.add('/v1/messages/count_tokens', { auth: true, anthropic: true, methods: { POST: (gw, ctx, req, res) => countTokens(gw, ctx, req, res, 'messages') } });
+  router.add('/v1/responses/input_tokens', { auth: true, methods: { POST: (gw, ctx, req, res) => countTokens(gw, ctx, req, res, 'responses') } });
+}
+
+/** A count's body problem: the model, and the messages (Anthropic's) or the input (OpenAI's, which a stored context may stand for). */
+function countProblem(endpoint: CountEndpoint, body: unknown): Checked | null {
+  const basic = checkBasics(body);
+  if (basic !== null) return basic;
+  const b = body as Record<string, unknown>;
+  if (endpoint === 'messages') return checkMessages(b);
+  if (b.input !== undefined && b.input !== null && typeof b.input !== 'string' && !Array.isArray(b.input)) {
+    return bad('input', '"input" must be a string or an array of input items.');
+  }
+  return null;
 }
 
 /** The limits of counting: the account's and key's rpm, in windows of their own (`#` is in no id). */
@@ -32,7 +49,7 @@ function countingKey(key: KeyEntry): KeyLimits {
   return { id: `${key.id}#count`, rpm: key.rpm, concurrency: null };
 }
 
-function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse): void {
+function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, res: ServerResponse, endpoint: CountEndpoint): void {
   takeBody(ctx, req, res, gw.config.server.maxBodyBytes);
   // Counts' bodies have a budget of their own, and keep their share until the answer closes: a
   // count holds no slot, so counts waiting on a slow provider could otherwise hold bodies bounded
@@ -56,7 +73,7 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
       } catch {
         return sendError(ctx, res, 'invalid_json', gw.done);
       }
-      const problem = checkBasics(body) ?? checkMessages(body as Record<string, unknown>);
+      const problem = countProblem(endpoint, body);
       if (problem !== null && !problem.ok) {
         return sendError(ctx, res, 'invalid_request', gw.done, { message: problem.message, fields: { param: problem.param || null } });
       }
@@ -76,14 +93,6 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
       // The provider as it is now: a reload while admission is awaited must not take it away.
       const counter = countingModel(model, gw.cooldowns);
       const provider = gw.providers.get(counter.provider.id)!;
-      // A model that cannot be counted is the request's 400, before admission (CONTRACT section
-      // 4: a rejected request consumes nothing; found in review: it used up an RPM count).
-      if (!provider.canCount) {
-        return sendError(ctx, res, 'invalid_request', gw.done, {
-          message: `The model "${model.id}" is served over the ${counter.provider.protocol} protocol, which cannot count tokens.`,
-          fields: { param: 'model' },
-        });
-      }
       gw.admit(ctx, res, gw.limiter.admitInstant(counting(key.account), countingKey(key), null), () => {
         let stops: Array<() => void> = [];
         // Answered, failed or abandoned: exactly one of them, and one access-log line (found in
@@ -106,7 +115,7 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         // nothing goes upstream (found in review).
         if (!releaseWhenClosed(req, res, abandon)) return;
         const request: CountRequest = {
-          body: b, model, requestId: ctx.id,
+          endpoint, body: b, model: counter, requestId: ctx.id,
           header: (name) => {
             const value = req.headers[name];
             return Array.isArray(value) ? value[0] : value;
@@ -141,18 +150,12 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
 }
 
 /**
- * The deployment that counts a routed model's tokens: the first in config order that can count
- * (not an OpenAI-protocol one) and is not cooling down, else the first that can count. A count
- * is one attempt, never failed over. A model none of whose deployments can count answers the error.
+ * The deployment that counts a routed model's tokens: the first in config order that is not
+ * cooling down, else the first. A count is one attempt, never failed over.
  */
 function countingModel(model: ModelEntry, cooldowns: Cooldowns): ModelEntry {
   const deployments = model.deployments;
   if (deployments.length === 1) return model;
-  let counter: ModelEntry | null = null;
-  for (const d of deployments) {
-    if (d.model.provider.protocol === 'openai') continue;
-    if (cooldowns.until(d.key) === 0) return d.model;
-    counter ??= d.model;
-  }
-  return counter ?? model;
+  for (const d of deployments) if (cooldowns.until(d.key) === 0) return d.model;
+  return deployments[0]!.model;
 }

@@ -113,7 +113,7 @@ describe('clients people use: Responses, count_tokens, the models list (official
     await assert.rejects(openai.responses.retrieve('resp_x'), (err: InstanceType<typeof OpenAI.NotFoundError>) => err.status === 404);
   });
 
-  test('messages.countTokens: the mock counts as it meters; anthropic providers are asked, with their headers; others cannot count', async () => {
+  test('messages.countTokens: the mock counts as it meters; anthropic providers are asked, with their headers; OpenAI-protocol ones through the call\'s translation', async () => {
     const counted = await anthropic.messages.countTokens({ model: 'echo-1', system: 'be brief', messages: [{ role: 'user', content: 'count these words' }] });
     assert.equal(counted.input_tokens, Math.ceil(('be brief'.length + 'count these words'.length) / 4));
     up.queue.push((_req, res) => json(res, 200, { input_tokens: 1234 }));
@@ -128,24 +128,77 @@ describe('clients people use: Responses, count_tokens, the models list (official
     assert.equal(seen.headers['x-api-key'], 'sk-provider');
     assert.equal(seen.headers['anthropic-beta'], 'token-efficient-tools-2025-02-19');
     assert.ok(typeof seen.headers['anthropic-version'] === 'string');
+    // An OpenAI-protocol model: the Messages body as the call would send it, in the Responses form OpenAI's count takes.
+    up.queue.push((_req, res) => json(res, 200, { object: 'response.input_tokens', input_tokens: 77 }));
+    const translated = await anthropic.messages.countTokens({
+      model: 'gpt-r', system: 'be brief', messages: [{ role: 'user', content: 'hi' }],
+      tools: [{ name: 'get', input_schema: { type: 'object', properties: {} } }],
+    });
+    assert.equal(translated.input_tokens, 77);
+    const asked = up.seen.at(-1)!;
+    assert.equal(asked.path, '/v1/responses/input_tokens');
+    assert.equal(asked.headers.authorization, 'Bearer sk-provider');
+    assert.deepEqual(asked.body, {
+      model: 'gpt-upstream',
+      input: [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'hi' }],
+      tools: [{ type: 'function', name: 'get', parameters: { type: 'object', properties: {} }, strict: false }],
+    });
+    // A compatible server without the count (vLLM, Ollama): an error, never a made-up 0.
+    up.queue.push((_req, res) => json(res, 404, { detail: 'Not Found' }));
     await assert.rejects(anthropic.messages.countTokens({ model: 'gpt-r', messages: [{ role: 'user', content: 'hi' }] }),
-      (err: InstanceType<typeof Anthropic.BadRequestError>) => err.status === 400, 'never a made-up 0');
+      (err: InstanceType<typeof Anthropic.BadRequestError>) => err.status === 400 && /cannot count tokens/.test(err.message), 'never a made-up 0');
+    // What the call's translation refuses, the count refuses the same way, before asking.
+    const asks = up.seen.length;
+    await assert.rejects(anthropic.messages.countTokens({ model: 'gpt-r', messages: [{ role: 'user', content: [{ type: 'search_result', source: 's', title: 't', content: [] }] }] } as never),
+      (err: InstanceType<typeof Anthropic.BadRequestError>) => err.status === 400 && /no equivalent/.test(err.message));
+    assert.equal(up.seen.length, asks);
     const entries = entriesOf(gw, 'acct_c').length;
     up.queue.push((_req, res) => json(res, 200, { input_tokens: 99 }));
     await anthropic.messages.countTokens({ model: 'claude-c', messages: [{ role: 'user', content: 'priced model' }] });
     assert.equal(entriesOf(gw, 'acct_c').length, entries, 'counting on a priced model is not billed');
   });
 
-  test('count_tokens has an RPM window of its own: a burst of counts never eats the model calls\' RPM; a model that cannot count consumes nothing', async () => {
+  test('responses.inputTokens.count: the mock counts as it meters; OpenAI-protocol providers are asked as they are; anthropic ones through the call\'s translation', async () => {
+    const counted = await openai.responses.inputTokens.count({ model: 'echo-1', instructions: 'be brief', input: 'count these words' });
+    assert.deepEqual(counted, { object: 'response.input_tokens', input_tokens: Math.ceil(('be brief'.length + 'count these words'.length) / 4) });
+    up.queue.push((_req, res) => json(res, 200, { object: 'response.input_tokens', input_tokens: 4321 }));
+    const body = { model: 'gpt-r', previous_response_id: 'resp_1', input: [{ role: 'user' as const, content: 'go on' }], tools: [{ type: 'web_search' as const }] };
+    assert.equal((await openai.responses.inputTokens.count(body)).input_tokens, 4321);
+    let asked = up.seen.at(-1)!;
+    assert.equal(asked.path, '/v1/responses/input_tokens');
+    assert.deepEqual(asked.body, { ...body, model: 'gpt-upstream' }, 'passed through, the model swapped');
+    // An Anthropic model: the Responses body as the call would send it, with count_tokens' fields only.
+    up.queue.push((_req, res) => json(res, 200, { input_tokens: 55 }));
+    const translated = await openai.responses.inputTokens.count({ model: 'claude-c', instructions: 'be brief', input: 'hi', max_output_tokens: 10 } as never);
+    assert.deepEqual(translated, { object: 'response.input_tokens', input_tokens: 55 });
+    asked = up.seen.at(-1)!;
+    assert.equal(asked.path, '/v1/messages/count_tokens');
+    assert.equal(asked.headers['x-api-key'], 'sk-provider');
+    assert.deepEqual(asked.body, { model: 'claude-upstream', messages: [{ role: 'user', content: [{ type: 'text', text: 'hi' }] }], system: [{ type: 'text', text: 'be brief' }] });
+    // What Anthropic cannot express is 400 in OpenAI's envelope, before asking.
+    const seen = up.seen.length;
+    await assert.rejects(openai.responses.inputTokens.count({ model: 'claude-c', previous_response_id: 'resp_1', input: 'x' }),
+      (err: InstanceType<typeof OpenAI.BadRequestError>) => err.status === 400 && (err.error as { param?: string }).param === 'previous_response_id');
+    assert.equal(up.seen.length, seen);
+    // A provider's answer without a believable count is an error, never a made-up figure.
+    up.queue.push((_req, res) => json(res, 200, { input_tokens: -1 }));
+    await assert.rejects(openai.responses.inputTokens.count({ model: 'claude-c', input: 'x' }), (err: InstanceType<typeof OpenAI.APIError>) => err.status === 502);
+    await assert.rejects(openai.responses.inputTokens.count({ model: 'echo-1', input: 7 } as never), (err: InstanceType<typeof OpenAI.BadRequestError>) => err.status === 400);
+    const entries = entriesOf(gw, 'acct_c').length;
+    up.queue.push((_req, res) => json(res, 200, { object: 'response.input_tokens', input_tokens: 9 }));
+    await openai.responses.inputTokens.count({ model: 'gpt-r', input: 'priced model' });
+    assert.equal(entriesOf(gw, 'acct_c').length, entries, 'counting on a priced model is not billed');
+  });
+
+  test('count_tokens has an RPM window of its own, which both counts share: a burst of counts never eats the model calls\' RPM', async () => {
     const counter = new Anthropic({ apiKey: 'sk-rpm', baseURL: gw.url, maxRetries: 0 });
-    // A model that cannot count is refused before admission: it consumes nothing (found in review: each used up a count).
-    for (let i = 0; i < 5; i++) {
-      await assert.rejects(counter.messages.countTokens({ model: 'gpt-r', messages: [{ role: 'user', content: 'x' }] }),
-        (err: InstanceType<typeof Anthropic.BadRequestError>) => err.status === 400);
-    }
-    for (let i = 0; i < 3; i++) await counter.messages.countTokens({ model: 'echo-1', messages: [{ role: 'user', content: 'x' }] });
+    const openaiCounter = new OpenAI({ apiKey: 'sk-rpm', baseURL: `${gw.url}/v1`, maxRetries: 0 });
+    for (let i = 0; i < 2; i++) await counter.messages.countTokens({ model: 'echo-1', messages: [{ role: 'user', content: 'x' }] });
+    await openaiCounter.responses.inputTokens.count({ model: 'echo-1', input: 'x' });
     await assert.rejects(counter.messages.countTokens({ model: 'echo-1', messages: [{ role: 'user', content: 'x' }] }),
       (err: InstanceType<typeof Anthropic.RateLimitError>) => err.status === 429);
+    await assert.rejects(openaiCounter.responses.inputTokens.count({ model: 'echo-1', input: 'x' }),
+      (err: InstanceType<typeof OpenAI.RateLimitError>) => err.status === 429);
     for (let i = 0; i < 3; i++) {
       const m = await counter.messages.create({ model: 'echo-1', max_tokens: 10, messages: [{ role: 'user', content: 'call' }] });
       assert.equal((m.content[0] as { text: string }).text, 'call');

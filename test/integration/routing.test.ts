@@ -51,6 +51,7 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
         gone: { price: PRICE, deployments: [{ provider: 'nowhere' }, { provider: 'b', fallback: true }] },
         mixed: { price: PRICE, deployments: [{ provider: 'ant' }, { provider: 'b', fallback: true }] },
         split: { price: PRICE, deployments: [{ provider: 'ant' }, { provider: 'b' }] },
+        counted: { price: PRICE, deployments: [{ provider: 'ant', upstreamModel: 'ant-model' }, { provider: 'b', upstreamModel: 'b-model', fallback: true }] },
       },
       providers: {
         a: provider(ua), b: provider(ub), c: provider(uc),
@@ -251,6 +252,25 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
     assert.equal(again.headers.get('x-gateway-deployment'), 'ant');
     const body = (await again.json()) as { choices: Array<{ message: { content: string } }> };
     assert.equal(body.choices[0]!.message.content, 'translated back');
+  });
+
+  test('a count goes to the first deployment not cooling down, with that deployment\'s own model, in its protocol', async () => {
+    const count = async () => {
+      const res = await postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-client', { model: 'counted', messages: [{ role: 'user', content: 'hi' }] });
+      assert.equal(res.status, 200);
+      return ((await res.json()) as { input_tokens: number }).input_tokens;
+    };
+    a.queue.push((_req, res) => json(res, 200, { input_tokens: 11 }));
+    assert.equal(await count(), 11);
+    assert.deepEqual([a.seen[0]!.path, a.seen[0]!.body.model], ['/v1/messages/count_tokens', 'ant-model']);
+    a.queue.push(status(529)); // the Anthropic deployment cools down
+    const res = await call('counted');
+    assert.equal(res.headers.get('x-gateway-deployment'), 'b');
+    await res.arrayBuffer();
+    b.queue.push((_req, res2) => json(res2, 200, { object: 'response.input_tokens', input_tokens: 12 }));
+    assert.equal(await count(), 12);
+    // Found while making counts work on every protocol: the count named the first deployment's model on another's provider.
+    assert.deepEqual([b.seen.at(-1)!.path, b.seen.at(-1)!.body.model], ['/v1/responses/input_tokens', 'b-model']);
   });
 
   test('a routed model with one deployment that can take the call keeps that provider\'s own retries', async () => {

@@ -82,7 +82,7 @@ function itemText(item: unknown): string {
 }
 
 /** Characters of the input's text, instructions included (the mock's input count). */
-function inputChars(body: Record<string, unknown>): number {
+export function inputChars(body: Record<string, unknown>): number {
   let n = typeof body.instructions === 'string' ? body.instructions.length : 0;
   if (typeof body.input === 'string') return n + body.input.length;
   if (Array.isArray(body.input)) for (const item of body.input) n += itemText(item).length;
