@@ -13,9 +13,8 @@ import { EventTooLarge, SseSplitter } from './sse.js';
 import { usageField } from './usage-field.js';
 import { Watch, Watchlist } from './watchlist.js';
 import type { CountRequest, Exchange, Provider } from './types.js';
-import { responsesInputOf } from '../translate/chat-to-responses-input.js';
-import { Untranslatable } from '../translate/common.js';
-import { countAnswer, countBodyFor } from '../translate/count.js';
+import { responsesFilesOf, responsesInputOf } from '../translate/chat-to-responses-input.js';
+import { countAnswer, type CountEndpoint } from '../translate/count.js';
 
 /** The most of a provider's non-streamed answer the gateway will hold to meter it (an embeddings batch can be tens of MB). */
 export const MAX_ANSWER_BYTES = 64 * 1024 * 1024;
@@ -184,28 +183,24 @@ export class HttpProvider implements Provider {
     this.inputCountTarget = kind.count.endpoint === 'responses' ? targetOf(countUrl) : null;
   }
 
+  get countsAs(): CountEndpoint {
+    return this.kind.count.endpoint;
+  }
+
   /**
    * A client's token count, on the kind's own count: passed through when the client called the
    * same one (the model swapped; Anthropic's anthropic-version and anthropic-beta kept, the
-   * provider's JSON relayed as it is), else translated as the call would be and answered in the
-   * client's form. One attempt under `timeoutMs`, its errors mapped as a call's are; a server
-   * without the count (404, 405: a compatible one) is the request's 400, never a made-up 0.
+   * provider's JSON relayed as it is), else its translation (made by the route, before
+   * admission) answered in the client's form. One attempt under `timeoutMs`, its errors mapped
+   * as a call's are; a server without the count (404, 405: a compatible one) is the request's
+   * 400, and an answer without a believable count a 502: never a made-up figure.
    */
   countTokens(request: CountRequest): void {
-    const own = this.kind.count.endpoint;
-    const passed = request.endpoint === own;
-    let upstream: Record<string, unknown>;
-    try {
-      upstream = passed ? { ...request.body } : countBodyFor(request.endpoint, request.body, {
-        model: request.model.id, maxOutputTokens: request.model.maxOutputTokens, inputTokens: 0, requestId: request.requestId,
-        clientBody: request.body, outputLimitField: this.config.outputLimitField,
-      });
-    } catch (err) {
-      if (!(err instanceof Untranslatable)) throw err;
-      return request.fail('invalid_request', { message: err.message, fields: { param: err.param } });
-    }
-    upstream.model = request.model.upstreamModel;
-    const headers = own === 'messages' ? this.kind.headers((name) => request.header(name)) : [];
+    const passed = request.endpoint === this.kind.count.endpoint;
+    const upstream = { ...request.upstream, model: request.model.upstreamModel };
+    // A translated count takes none of the client's headers, as a translated call takes none (an
+    // OpenAI client's anthropic-beta would count what its calls will not be billed).
+    const headers = this.kind.count.endpoint === 'messages' ? this.kind.headers(passed ? (name) => request.header(name) : () => undefined) : [];
     this.ask(this.countTarget, JSON.stringify(upstream), request.requestId, headers, this.takeKey(), this.config.timeoutMs, request.onAbort, (outcome) => {
       if (outcome.kind === 'timeout') {
         return request.fail('upstream_timeout', {
@@ -217,9 +212,8 @@ export class HttpProvider implements Provider {
       if (outcome.kind === 'unreachable') return request.fail('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
       const { status, answer, complete } = outcome;
       if (status >= 200 && status < 300 && complete) {
-        if (passed) return request.answer(answer);
         const counted = inputTokensIn(answer);
-        if (counted !== null) return request.answer(countAnswer(request.endpoint, counted));
+        if (counted !== null) return request.answer(passed ? answer : countAnswer(request.endpoint, counted));
       }
       if (status >= 200 && status < 300) return request.fail('upstream_error', { message: 'The provider\'s count was cut off, too large or unreadable.' });
       if (status === 404 || status === 405) {
@@ -295,10 +289,11 @@ export class HttpProvider implements Provider {
    * failure to count is the call's, free, as the same failure of the call would be (found in
    * review: a count the provider rate-limited, or one left waiting, let the call go on uncounted).
    */
-  private countInput(ex: Exchange, key: number, beyond: InputBeyond, then: () => void): void {
+  private countInput(ex: Exchange, key: number, beyond: InputBeyond, then: () => void, filesOnly = false): void {
     // A chat call (a translated Messages call too) is counted in the Responses form the endpoint takes.
     const converted = ex.endpoint === 'chat';
-    const upstream: Record<string, unknown> = converted ? { model: ex.model.upstreamModel, ...responsesInputOf(ex.body) } : { model: ex.model.upstreamModel };
+    const upstream: Record<string, unknown> = { model: ex.model.upstreamModel };
+    if (converted) Object.assign(upstream, filesOnly ? responsesFilesOf(ex.body) : responsesInputOf(ex.body));
     if (!converted) for (const field of COUNTED_FIELDS) if (ex.body[field] !== undefined) upstream[field] = ex.body[field];
     const timeoutMs = Math.min(this.config.timeoutMs, COUNT_TIMEOUT_MS);
     this.ask(this.inputCountTarget!, JSON.stringify(upstream), ex.requestId, [], key, timeoutMs, (stop) => ex.onAbort(stop), (outcome) => {
@@ -312,9 +307,15 @@ export class HttpProvider implements Provider {
             return then();
           }
           if (status === 404 || status === 405) return then();
-          // A converted input the count refuses (a chat-only model, a part it reads otherwise) is
-          // the conversion's fault, not the call's: the call goes on, estimated as before.
-          if (converted && refusedRequest(status)) return then();
+          // A converted input the count refuses (a part or tool it reads otherwise, a chat-only
+          // model) is the conversion's fault, not the call's: its files, what the estimate misses,
+          // are counted alone, and refused again the call goes on, estimated as before. A 401 or
+          // 403 too (a server in front may guard the count's path alone; a bad key fails the call
+          // itself the same way).
+          if (converted && refusedRequest(status)) {
+            if (filesOnly || status === 401 || status === 403) return then();
+            return this.countInput(ex, key, beyond, then, true);
+          }
           ex.noteDelivered(false);
           ex.upstreamFailed(failureKind(status), outcome.waitMs);
           return failAsAnswered(ex, status, outcome.answer, outcome.waitMs);
@@ -845,9 +846,9 @@ function inputBeyondRequest(body: Record<string, unknown>): InputBeyond | null {
   return beyond;
 }
 
-/** A refusal of the request itself: a 4xx other than the credential's (401, 403), a timeout's (408) or a rate limit's (429). */
+/** A refusal of the request or its credential: a 4xx other than a timeout's (408) or a rate limit's (429). */
 function refusedRequest(status: number): boolean {
-  return status >= 400 && status < 500 && status !== 401 && status !== 403 && status !== 408 && status !== 429;
+  return status >= 400 && status < 500 && status !== 408 && status !== 429;
 }
 
 /** Whether a chat call holds a file part (a PDF's pages, a file by id), which the estimate counts as one fixed figure. */

@@ -26,6 +26,8 @@ export class MockProvider implements Provider {
     WIRES[ex.endpoint].mock(ex, this.config.tokensPerSecond);
   }
 
+  readonly countsAs = null;
+
   /** The mock counts as it meters: 1 token per 4 characters of the input's text, the system prompt or instructions included. */
   countTokens(request: CountRequest): void {
     const chars = request.endpoint === 'messages' ? countChars(request.body) : inputChars(request.body);

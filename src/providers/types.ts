@@ -137,6 +137,11 @@ export interface CountRequest {
   readonly endpoint: CountEndpoint;
   /** The client's parsed, checked request body. */
   readonly body: Record<string, unknown>;
+  /**
+   * The body for the provider's own count (`countsAs`), without `model`: the client's, or its
+   * translation when the client called the other count.
+   */
+  readonly upstream: Record<string, unknown>;
   readonly model: ModelEntry;
   readonly requestId: string;
   /** A request header of the client (lowercase name). */
@@ -151,6 +156,8 @@ export interface CountRequest {
 
 export interface Provider {
   handle(exchange: Exchange): void;
+  /** The count the provider's own takes bodies of, or null for one that counts either (the mock). */
+  readonly countsAs: CountEndpoint | null;
   /** Counts the input tokens of a request of either count; a provider that cannot count answers an error, never a 0. */
   countTokens(request: CountRequest): void;
 }

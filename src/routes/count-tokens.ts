@@ -9,10 +9,10 @@ import { baseHeaders, sendError, sendErrorSpec } from '../http/reply.js';
 import type { AccountLimits, KeyLimits } from '../limiter/types.js';
 import { bad, checkBasics, checkMessages } from '../protocols/common.js';
 import type { Checked } from '../protocols/types.js';
-import type { CountRequest } from '../providers/types.js';
+import type { CountRequest, Provider } from '../providers/types.js';
 import type { Router } from '../router.js';
-import type { Cooldowns } from '../routing/cooldowns.js';
-import type { CountEndpoint } from '../translate/count.js';
+import { Untranslatable } from '../translate/common.js';
+import { countBodyFor, type CountEndpoint } from '../translate/count.js';
 import type { RouteHost } from './host.js';
 
 /**
@@ -42,7 +42,7 @@ function countProblem(endpoint: CountEndpoint, body: unknown): Checked | null {
 }
 
 /** The limits of counting: the account's and key's rpm, in windows of their own (`#` is in no id). */
-function counting(account: AccountEntry): AccountLimits {
+function countingAccount(account: AccountEntry): AccountLimits {
   return { id: `${account.id}#count`, rpm: account.rpm, concurrency: null, dailyCapMicro: null, prepaid: false };
 }
 function countingKey(key: KeyEntry): KeyLimits {
@@ -90,10 +90,16 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
       if (model === undefined) {
         return sendError(ctx, res, 'model_not_found', gw.done, { message: `The model "${String(b.model)}" does not exist or this key may not use it.` });
       }
-      // The provider as it is now: a reload while admission is awaited must not take it away.
-      const counter = countingModel(model, gw.cooldowns);
-      const provider = gw.providers.get(counter.provider.id)!;
-      gw.admit(ctx, res, gw.limiter.admitInstant(counting(key.account), countingKey(key), null), () => {
+      // The deployment and provider as they are now (a reload while admission is awaited must
+      // not take them away), and the body translated for its count: what the call's translation
+      // refuses is the request's 400 before admission (CONTRACT section 4: a rejected request
+      // consumes nothing; found in review: it used up an RPM count).
+      const counting = countingDeployment(gw, model, endpoint, b, ctx.id);
+      if (counting instanceof Untranslatable) {
+        return sendError(ctx, res, 'invalid_request', gw.done, { message: counting.message, fields: { param: counting.param } });
+      }
+      const { deployment, provider, upstream } = counting;
+      gw.admit(ctx, res, gw.limiter.admitInstant(countingAccount(key.account), countingKey(key), null), () => {
         let stops: Array<() => void> = [];
         // Answered, failed or abandoned: exactly one of them, and one access-log line (found in
         // review: a client that left mid-count stopped the count and logged nothing).
@@ -115,7 +121,7 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         // nothing goes upstream (found in review).
         if (!releaseWhenClosed(req, res, abandon)) return;
         const request: CountRequest = {
-          endpoint, body: b, model: counter, requestId: ctx.id,
+          endpoint, body: b, upstream, model: deployment, requestId: ctx.id,
           header: (name) => {
             const value = req.headers[name];
             return Array.isArray(value) ? value[0] : value;
@@ -149,13 +155,48 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
   }, gw.countBodies, ctx.key!.account.id, res);
 }
 
+/** The deployment that counts, its provider, and the body its count takes. */
+interface Counting {
+  readonly deployment: ModelEntry;
+  readonly provider: Provider;
+  readonly upstream: Record<string, unknown>;
+}
+
 /**
- * The deployment that counts a routed model's tokens: the first in config order that is not
- * cooling down, else the first. A count is one attempt, never failed over.
+ * The deployment that counts a model's tokens, and the body for its count (the client's, or
+ * its translation). A routed model's deployments are taken in config order, those not cooling
+ * down first, and among them those whose own count the client called (nothing lost in
+ * translation) first; one whose translation refuses the body is passed over (found in review:
+ * an Anthropic client's block that chat cannot express was refused though an Anthropic
+ * deployment could count it). A count is one attempt, never failed over. When every
+ * translation refuses, the first refusal.
  */
-function countingModel(model: ModelEntry, cooldowns: Cooldowns): ModelEntry {
-  const deployments = model.deployments;
-  if (deployments.length === 1) return model;
-  for (const d of deployments) if (cooldowns.until(d.key) === 0) return d.model;
-  return deployments[0]!.model;
+function countingDeployment(gw: RouteHost, model: ModelEntry, endpoint: CountEndpoint, body: Record<string, unknown>, requestId: string): Counting | Untranslatable {
+  const candidates = model.deployments.length <= 1 ? [model] : model.deployments
+    .map((d, i) => ({ d, rank: (gw.cooldowns.until(d.key) === 0 ? 0 : 2) + (ownCount(gw, d.model, endpoint) ? 0 : 1), i }))
+    .sort((x, y) => x.rank - y.rank || x.i - y.i)
+    .map(({ d }) => d.model);
+  let refused: Untranslatable | null = null;
+  for (const deployment of candidates) {
+    const provider = gw.providers.get(deployment.provider.id)!;
+    if (ownCount(gw, deployment, endpoint)) return { deployment, provider, upstream: body };
+    try {
+      return {
+        deployment, provider, upstream: countBodyFor(endpoint, body, {
+          model: deployment.id, maxOutputTokens: deployment.maxOutputTokens, inputTokens: 0, requestId, clientBody: body,
+          outputLimitField: deployment.provider.outputLimitField,
+        }),
+      };
+    } catch (err) {
+      if (!(err instanceof Untranslatable)) throw err;
+      refused ??= err;
+    }
+  }
+  return refused!;
+}
+
+/** Whether the deployment's provider counts bodies of the client's count as they are (the mock counts either). */
+function ownCount(gw: RouteHost, deployment: ModelEntry, endpoint: CountEndpoint): boolean {
+  const own = gw.providers.get(deployment.provider.id)!.countsAs;
+  return own === null || own === endpoint;
 }

@@ -9,23 +9,40 @@ import { isObj } from '../protocols/common.js';
  */
 export function responsesInputOf(chat: Record<string, unknown>): Record<string, unknown> {
   const input: unknown[] = [];
-  if (Array.isArray(chat.messages)) for (const m of chat.messages) if (isObj(m)) addMessage(m, input);
+  const custom = new Set<string>(); // the ids of custom tool calls, whose results are custom_tool_call_output
+  if (Array.isArray(chat.messages)) for (const m of chat.messages) if (isObj(m)) addMessage(m, input, custom);
   const out: Record<string, unknown> = { input };
   const tools = Array.isArray(chat.tools) ? chat.tools.map(toolOf).filter((t) => t !== null) : [];
   if (tools.length > 0) out.tools = tools;
   return out;
 }
 
-function addMessage(m: Record<string, unknown>, input: unknown[]): void {
+/**
+ * Only the files of a chat request, as one user message of Responses input: what its estimate
+ * misses (a PDF's pages), counted alone when the count refuses the whole converted input.
+ */
+export function responsesFilesOf(chat: Record<string, unknown>): Record<string, unknown> {
+  const files: unknown[] = [];
+  if (Array.isArray(chat.messages)) {
+    for (const m of chat.messages) {
+      if (!isObj(m) || !Array.isArray(m.content)) continue;
+      for (const part of m.content) if (isObj(part) && part.type === 'file') files.push(partOf(part));
+    }
+  }
+  return { input: [{ role: 'user', content: files.filter((f) => f !== null) }] };
+}
+
+function addMessage(m: Record<string, unknown>, input: unknown[], custom: Set<string>): void {
   const role = m.role;
   if (role === 'tool') {
-    input.push({ type: 'function_call_output', call_id: String(m.tool_call_id ?? ''), output: textOf(m.content) });
+    const callId = str(m.tool_call_id);
+    input.push({ type: custom.has(callId) ? 'custom_tool_call_output' : 'function_call_output', call_id: callId, output: textOf(m.content) });
     return;
   }
   if (role === 'assistant') {
-    const text = textOf(m.content) + (typeof m.refusal === 'string' ? m.refusal : '');
+    const text = textOf(m.content) + str(m.refusal);
     if (text !== '') input.push({ role: 'assistant', content: text });
-    if (Array.isArray(m.tool_calls)) for (const call of m.tool_calls) if (isObj(call)) addCall(call, input);
+    if (Array.isArray(m.tool_calls)) for (const call of m.tool_calls) if (isObj(call)) addCall(call, input, custom);
     return;
   }
   if (role !== 'user' && role !== 'system' && role !== 'developer') return; // a legacy `function` message: no Responses form
@@ -42,13 +59,19 @@ function addMessage(m: Record<string, unknown>, input: unknown[]): void {
   if (content.length > 0) input.push({ role, content });
 }
 
-function addCall(call: Record<string, unknown>, input: unknown[]): void {
-  const callId = String(call.id ?? '');
+function addCall(call: Record<string, unknown>, input: unknown[], custom: Set<string>): void {
+  const callId = str(call.id);
   if (isObj(call.function)) {
-    input.push({ type: 'function_call', call_id: callId, name: String(call.function.name ?? ''), arguments: String(call.function.arguments ?? '') });
+    input.push({ type: 'function_call', call_id: callId, name: str(call.function.name), arguments: str(call.function.arguments) });
   } else if (isObj(call.custom)) {
-    input.push({ type: 'custom_tool_call', call_id: callId, name: String(call.custom.name ?? ''), input: String(call.custom.input ?? '') });
+    custom.add(callId);
+    input.push({ type: 'custom_tool_call', call_id: callId, name: str(call.custom.name), input: str(call.custom.input) });
   }
+}
+
+/** A string the client sent, or '' (never String() of a client's object: its toString may be anything, or throw). */
+function str(value: unknown): string {
+  return typeof value === 'string' ? value : '';
 }
 
 /** A user, system or developer content part, or null for one with no Responses form (audio). */
@@ -86,6 +109,12 @@ function toolOf(tool: unknown): Record<string, unknown> | null {
     if (typeof fn.description === 'string') out.description = fn.description;
     return out;
   }
-  if (tool.type === 'custom' && isObj(tool.custom)) return { type: 'custom', ...tool.custom };
+  if (tool.type === 'custom' && isObj(tool.custom)) {
+    // Chat nests a grammar (`format.grammar`); the Responses API has it flat.
+    const { format, ...rest } = tool.custom;
+    const out: Record<string, unknown> = { ...rest, type: 'custom' };
+    if (isObj(format)) out.format = isObj(format.grammar) ? { type: format.type, ...format.grammar } : format;
+    return out;
+  }
   return null;
 }

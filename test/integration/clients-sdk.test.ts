@@ -180,9 +180,16 @@ describe('clients people use: Responses, count_tokens, the models list (official
     await assert.rejects(openai.responses.inputTokens.count({ model: 'claude-c', previous_response_id: 'resp_1', input: 'x' }),
       (err: InstanceType<typeof OpenAI.BadRequestError>) => err.status === 400 && (err.error as { param?: string }).param === 'previous_response_id');
     assert.equal(up.seen.length, seen);
-    // A provider's answer without a believable count is an error, never a made-up figure.
-    up.queue.push((_req, res) => json(res, 200, { input_tokens: -1 }));
-    await assert.rejects(openai.responses.inputTokens.count({ model: 'claude-c', input: 'x' }), (err: InstanceType<typeof OpenAI.APIError>) => err.status === 502);
+    // A translated count takes none of the client's headers (an OpenAI client's anthropic-beta would count what its calls will not be billed; found in review).
+    up.queue.push((_req, res) => json(res, 200, { input_tokens: 5 }));
+    await openai.responses.inputTokens.count({ model: 'claude-c', input: 'x' }, { headers: { 'anthropic-beta': 'context-1m-2025-08-07' } });
+    assert.equal(up.seen.at(-1)!.headers['anthropic-beta'], undefined);
+    assert.equal(up.seen.at(-1)!.headers['anthropic-version'], '2023-06-01');
+    // A provider's answer without a believable count is an error, never a made-up figure, passed through or not (found in review: a compatible server's 200 page was relayed).
+    for (const [model, answer] of [['claude-c', { input_tokens: -1 }], ['gpt-r', {}], ['gpt-r', '<html>hi</html>']] as const) {
+      up.queue.push((_req, res) => (typeof answer === 'string' ? res.writeHead(200, { 'content-type': 'text/html' }).end(answer) : json(res, 200, answer)));
+      await assert.rejects(openai.responses.inputTokens.count({ model, input: 'x' }), (err: InstanceType<typeof OpenAI.APIError>) => err.status === 502, `${model} ${JSON.stringify(answer)}`);
+    }
     await assert.rejects(openai.responses.inputTokens.count({ model: 'echo-1', input: 7 } as never), (err: InstanceType<typeof OpenAI.BadRequestError>) => err.status === 400);
     const entries = entriesOf(gw, 'acct_c').length;
     up.queue.push((_req, res) => json(res, 200, { object: 'response.input_tokens', input_tokens: 9 }));
@@ -193,6 +200,11 @@ describe('clients people use: Responses, count_tokens, the models list (official
   test('count_tokens has an RPM window of its own, which both counts share: a burst of counts never eats the model calls\' RPM', async () => {
     const counter = new Anthropic({ apiKey: 'sk-rpm', baseURL: gw.url, maxRetries: 0 });
     const openaiCounter = new OpenAI({ apiKey: 'sk-rpm', baseURL: `${gw.url}/v1`, maxRetries: 0 });
+    // A count the model's translation refuses is refused before admission: it consumes nothing (found in review: each used up a count).
+    for (let i = 0; i < 5; i++) {
+      await assert.rejects(counter.messages.countTokens({ model: 'gpt-r', top_k: 3, messages: [{ role: 'user', content: 'x' }] } as never),
+        (err: InstanceType<typeof Anthropic.BadRequestError>) => err.status === 400 && /top_k/.test(err.message));
+    }
     for (let i = 0; i < 2; i++) await counter.messages.countTokens({ model: 'echo-1', messages: [{ role: 'user', content: 'x' }] });
     await openaiCounter.responses.inputTokens.count({ model: 'echo-1', input: 'x' });
     await assert.rejects(counter.messages.countTokens({ model: 'echo-1', messages: [{ role: 'user', content: 'x' }] }),

@@ -51,7 +51,7 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
         gone: { price: PRICE, deployments: [{ provider: 'nowhere' }, { provider: 'b', fallback: true }] },
         mixed: { price: PRICE, deployments: [{ provider: 'ant' }, { provider: 'b', fallback: true }] },
         split: { price: PRICE, deployments: [{ provider: 'ant' }, { provider: 'b' }] },
-        counted: { price: PRICE, deployments: [{ provider: 'ant', upstreamModel: 'ant-model' }, { provider: 'b', upstreamModel: 'b-model', fallback: true }] },
+        counted: { price: PRICE, deployments: [{ provider: 'b', upstreamModel: 'b-model' }, { provider: 'ant', upstreamModel: 'ant-model', fallback: true }] },
       },
       providers: {
         a: provider(ua), b: provider(ub), c: provider(uc),
@@ -254,23 +254,34 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
     assert.equal(body.choices[0]!.message.content, 'translated back');
   });
 
-  test('a count goes to the first deployment not cooling down, with that deployment\'s own model, in its protocol', async () => {
-    const count = async () => {
-      const res = await postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-client', { model: 'counted', messages: [{ role: 'user', content: 'hi' }] });
+  test('a count goes to a deployment not cooling down, one whose own count the client called first, with that deployment\'s own model', async () => {
+    const count = async (path: string, body: Record<string, unknown>) => {
+      const res = await postJson(`${gw.url}${path}`, 'sk-client', { model: 'counted', ...body });
       assert.equal(res.status, 200);
       return ((await res.json()) as { input_tokens: number }).input_tokens;
     };
+    const messages = (body: Record<string, unknown> = { messages: [{ role: 'user', content: 'hi' }] }) => count('/v1/messages/count_tokens', body);
+    const responses = (body: Record<string, unknown> = { input: 'hi' }) => count('/v1/responses/input_tokens', body);
+    // An Anthropic client's count goes to the Anthropic deployment, though it is listed second (found in review: an OpenAI-protocol one first answered 404 on a vLLM).
     a.queue.push((_req, res) => json(res, 200, { input_tokens: 11 }));
-    assert.equal(await count(), 11);
-    assert.deepEqual([a.seen[0]!.path, a.seen[0]!.body.model], ['/v1/messages/count_tokens', 'ant-model']);
-    a.queue.push(status(529)); // the Anthropic deployment cools down
-    const res = await call('counted');
-    assert.equal(res.headers.get('x-gateway-deployment'), 'b');
-    await res.arrayBuffer();
-    b.queue.push((_req, res2) => json(res2, 200, { object: 'response.input_tokens', input_tokens: 12 }));
-    assert.equal(await count(), 12);
-    // Found while making counts work on every protocol: the count named the first deployment's model on another's provider.
+    assert.equal(await messages(), 11);
+    assert.deepEqual([a.seen.at(-1)!.path, a.seen.at(-1)!.body.model], ['/v1/messages/count_tokens', 'ant-model']);
+    b.queue.push((_req, res) => json(res, 200, { object: 'response.input_tokens', input_tokens: 12 }));
+    assert.equal(await responses(), 12);
     assert.deepEqual([b.seen.at(-1)!.path, b.seen.at(-1)!.body.model], ['/v1/responses/input_tokens', 'b-model']);
+    // The OpenAI deployment cools down: an OpenAI client's count is translated for the Anthropic one.
+    b.queue.push(status(503));
+    a.queue.push((_req, res) => json(res, 200, anthropicMessage('from ant')));
+    const res = await call('counted');
+    assert.equal(res.headers.get('x-gateway-deployment'), 'ant');
+    await res.arrayBuffer();
+    a.queue.push((_req, res2) => json(res2, 200, { input_tokens: 13 }));
+    assert.equal(await responses(), 13);
+    assert.deepEqual([a.seen.at(-1)!.path, a.seen.at(-1)!.body.model], ['/v1/messages/count_tokens', 'ant-model']);
+    // What the Anthropic deployment's translation refuses goes to the one that can count it, cooling or not.
+    b.queue.push((_req, res2) => json(res2, 200, { object: 'response.input_tokens', input_tokens: 14 }));
+    assert.equal(await responses({ previous_response_id: 'resp_1', input: 'go on' }), 14);
+    assert.deepEqual([b.seen.at(-1)!.path, b.seen.at(-1)!.body.previous_response_id], ['/v1/responses/input_tokens', 'resp_1']);
   });
 
   test('a routed model with one deployment that can take the call keeps that provider\'s own retries', async () => {

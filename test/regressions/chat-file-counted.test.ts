@@ -102,9 +102,10 @@ describe('regression: a chat call holding a file is counted before the call', ()
     assert.deepEqual(up.seen.map((s) => s.path), ['/v1/chat/completions']);
   });
 
-  test('a count that refuses the converted input (a chat-only model) lets the call go on, estimated as before', async () => {
+  test('a count that refuses the converted input, its files alone too (a chat-only model), lets the call go on, estimated as before', async () => {
+    const refused: Behaviour = (_req, res) => json(res, 400, { error: { message: 'This model is not supported in the Responses API.', type: 'invalid_request_error' } });
     up.queue.push(
-      (_req, res) => json(res, 400, { error: { message: 'This model is not supported in the Responses API.', type: 'invalid_request_error' } }),
+      refused, refused,
       (_req, res) => json(res, 200, openaiCompletion('Hi', { prompt_tokens: 3100, completion_tokens: 1, total_tokens: 3101 })),
     );
     const charge = await charged(async () => {
@@ -112,8 +113,38 @@ describe('regression: a chat call holding a file is counted before the call', ()
       assert.equal(res.status, 200);
       await res.text();
     });
-    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/chat/completions']);
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses/input_tokens', '/v1/chat/completions']);
     assert.equal(charge.inputTokens, 3100);
+  });
+
+  test('a count that refuses the whole converted input counts the files alone (found in review: a grammar tool the count refused let a PDF go uncounted)', async () => {
+    up.queue.push(
+      (_req, res) => json(res, 400, { error: { message: 'Unknown parameter: tools[0].odd.', type: 'invalid_request_error' } }),
+      counted(PAGES), startedStream(open),
+    );
+    const body = {
+      model: 'gpt-x', stream: true, max_tokens: 100,
+      messages: [{ role: 'user', content: [{ type: 'text', text: 'go' }, { type: 'file', file: { file_data: PDF, filename: 'big.pdf' } }] }],
+      tools: [{ type: 'custom', custom: { name: 'sh', odd: true } }],
+    };
+    const charge = await charged(() => leaveWhenSeen(`${gw.url}/v1/chat/completions`, 'sk-a', body, 'Hello'));
+    assert.equal(charge.inputTokens, PAGES);
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses/input_tokens', '/v1/chat/completions']);
+    assert.deepEqual(up.seen[1]!.body, { model: 'gpt-upstream', input: [{ role: 'user', content: [{ type: 'input_file', file_data: PDF, filename: 'big.pdf' }] }] });
+  });
+
+  test('a count path a server in front refuses (401, 403: it guards that path alone) lets the call go on (found in review)', async () => {
+    for (const code of [401, 403]) {
+      up.seen.length = 0;
+      up.queue.push(
+        (_req, res) => json(res, code, { message: 'Missing Authentication Token' }),
+        (_req, res) => json(res, 200, openaiCompletion('Hi', { prompt_tokens: 3100, completion_tokens: 1, total_tokens: 3101 })),
+      );
+      const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-a', { model: 'gpt-x', messages: [{ role: 'user', content: [{ type: 'file', file: { file_id: 'file-1' } }] }] });
+      assert.equal(res.status, 200, String(code));
+      await res.text();
+      assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/chat/completions']);
+    }
   });
 
   test('a count the provider rate-limits fails the call as its 429 would, free and not sent', async () => {

@@ -7,7 +7,7 @@ import { eventData, SseSplitter } from '../../src/providers/sse.js';
 import { chatToMessages } from '../../src/translate/chat-to-messages.js';
 import { StreamEnded, Untranslatable } from '../../src/translate/common.js';
 import { messagesToChat } from '../../src/translate/messages-to-chat.js';
-import { responsesInputOf } from '../../src/translate/chat-to-responses-input.js';
+import { responsesFilesOf, responsesInputOf } from '../../src/translate/chat-to-responses-input.js';
 import { responsesToMessages } from '../../src/translate/responses-to-messages.js';
 import type { CallFacts, Translation, Translator } from '../../src/translate/types.js';
 
@@ -541,6 +541,7 @@ describe('chat request -> Responses input, for counting', () => {
           { id: 'call_2', type: 'custom', custom: { name: 'sh', input: 'ls' } },
         ] },
         { role: 'tool', tool_call_id: 'call_1', content: [{ type: 'text', text: 'one' }, { type: 'text', text: 'two' }] },
+        { role: 'tool', tool_call_id: 'call_2', content: 'a.txt' },
         { role: 'assistant', content: null, refusal: 'No.' },
         { role: 'function', name: 'old', content: 'legacy' },
         { role: 'user', content: [{ type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } }] },
@@ -549,6 +550,7 @@ describe('chat request -> Responses input, for counting', () => {
         { type: 'function', function: { name: 'get', description: 'Gets.', parameters: { type: 'object', properties: { q: { type: 'number' } } } } },
         { type: 'function', function: { name: 'put', strict: true } },
         { type: 'custom', custom: { name: 'sh', format: { type: 'text' } } },
+        { type: 'custom', custom: { name: 'sql', format: { type: 'grammar', grammar: { syntax: 'lark', definition: 'start: "x"' } } } },
         { type: 'web_search' },
       ],
     };
@@ -566,14 +568,33 @@ describe('chat request -> Responses input, for counting', () => {
         { type: 'function_call', call_id: 'call_1', name: 'get', arguments: '{"q":1}' },
         { type: 'custom_tool_call', call_id: 'call_2', name: 'sh', input: 'ls' },
         { type: 'function_call_output', call_id: 'call_1', output: 'onetwo' },
+        { type: 'custom_tool_call_output', call_id: 'call_2', output: 'a.txt' },
         { role: 'assistant', content: 'No.' },
       ],
       tools: [
         { type: 'function', name: 'get', description: 'Gets.', parameters: { type: 'object', properties: { q: { type: 'number' } } }, strict: false },
         { type: 'function', name: 'put', parameters: { type: 'object', properties: {} }, strict: true },
         { type: 'custom', name: 'sh', format: { type: 'text' } },
+        // Chat nests a grammar; the Responses API has it flat (found in review: the count refused it, and the call went on uncounted).
+        { type: 'custom', name: 'sql', format: { type: 'grammar', syntax: 'lark', definition: 'start: "x"' } },
       ],
     });
+    assert.deepEqual(responsesFilesOf(chat), { input: [{ role: 'user', content: [
+      { type: 'input_file', filename: 'a.pdf', file_data: 'data:application/pdf;base64,AAAA' }, { type: 'input_file', file_id: 'file-1' },
+    ] }] });
+  });
+
+  test('a client\'s object where a string belongs is left out, never String()ed (found in review: a toString of 1 threw, a 500)', () => {
+    const odd = { toString: 1 };
+    const chat = { messages: [
+      { role: 'assistant', content: odd, refusal: odd, tool_calls: [{ id: odd, type: 'function', function: { name: odd, arguments: odd } }, { id: [odd], type: 'custom', custom: { name: odd, input: odd } }] },
+      { role: 'tool', tool_call_id: odd, content: odd },
+    ] };
+    assert.deepEqual(responsesInputOf(chat), { input: [
+      { type: 'function_call', call_id: '', name: '', arguments: '' },
+      { type: 'custom_tool_call', call_id: '', name: '', input: '' },
+      { type: 'custom_tool_call_output', call_id: '', output: '' },
+    ] });
   });
 
   test('what is not a chat request gives an empty input, never a throw', () => {
