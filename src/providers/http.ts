@@ -4,6 +4,7 @@ import { performance } from 'node:perf_hooks';
 import type { Duplex } from 'node:stream';
 import type { ProviderConfig } from '../config/types.js';
 import { type ErrorCode, type ErrorDetails, type ErrorSpec, upstreamStatusSpec } from '../errors.js';
+import { DOCUMENT_TOKENS } from '../billing/estimate.js';
 import { MAX_TOKENS } from '../money.js';
 import { ConnectionPool } from './pool.js';
 import { WIRES } from '../protocols/index.js';
@@ -293,7 +294,8 @@ export class HttpProvider implements Provider {
     // A chat call (a translated Messages call too) is counted in the Responses form the endpoint takes.
     const converted = ex.endpoint === 'chat';
     const upstream: Record<string, unknown> = { model: ex.model.upstreamModel };
-    if (converted) Object.assign(upstream, filesOnly ? responsesFilesOf(ex.body) : responsesInputOf(ex.body));
+    const files = filesOnly ? responsesFilesOf(ex.body) : null;
+    if (converted) Object.assign(upstream, files !== null ? { input: [{ role: 'user', content: files }] } : responsesInputOf(ex.body));
     if (!converted) for (const field of COUNTED_FIELDS) if (ex.body[field] !== undefined) upstream[field] = ex.body[field];
     const timeoutMs = Math.min(this.config.timeoutMs, COUNT_TIMEOUT_MS);
     this.ask(this.inputCountTarget!, JSON.stringify(upstream), ex.requestId, [], key, timeoutMs, (stop) => ex.onAbort(stop), (outcome) => {
@@ -303,7 +305,9 @@ export class HttpProvider implements Provider {
           const { status } = outcome;
           if (status >= 200 && status < 300) {
             const counted = outcome.complete ? inputTokensIn(outcome.answer) : null;
-            if (counted !== null) ex.noteInputCount(counted);
+            // The files alone: the estimate's text and the count's files (found in review: the
+            // count alone dropped the text), in place of the estimate's fixed figure for each.
+            if (counted !== null) ex.noteInputCount(files === null ? counted : Math.max(0, ex.inputTokens - DOCUMENT_TOKENS * files.length) + counted);
             return then();
           }
           if (status === 404 || status === 405) return then();

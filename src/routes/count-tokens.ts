@@ -164,22 +164,24 @@ interface Counting {
 
 /**
  * The deployment that counts a model's tokens, and the body for its count (the client's, or
- * its translation). A routed model's deployments are taken in config order, those not cooling
- * down first, and among them those whose own count the client called (nothing lost in
- * translation) first; one whose translation refuses the body is passed over (found in review:
- * an Anthropic client's block that chat cannot express was refused though an Anthropic
- * deployment could count it). A count is one attempt, never failed over. When every
- * translation refuses, the first refusal.
+ * its translation). A routed model's deployments are taken as calls take them: those not
+ * cooling down first, then the non-fallback ones first (found in review: counts sent to a
+ * fallback counted for a model the calls do not go to, or to a server without a count), in
+ * config order; one whose translation refuses the body is passed over (found in review: an
+ * Anthropic client's block that chat cannot express was refused though an Anthropic deployment
+ * could count it). A count is one attempt, never failed over. When every translation
+ * refuses, the first refusal.
  */
 function countingDeployment(gw: RouteHost, model: ModelEntry, endpoint: CountEndpoint, body: Record<string, unknown>, requestId: string): Counting | Untranslatable {
   const candidates = model.deployments.length <= 1 ? [model] : model.deployments
-    .map((d, i) => ({ d, rank: (gw.cooldowns.until(d.key) === 0 ? 0 : 2) + (ownCount(gw, d.model, endpoint) ? 0 : 1), i }))
+    .map((d, i) => ({ d, rank: (gw.cooldowns.until(d.key) === 0 ? 0 : 2) + (d.fallback ? 1 : 0), i }))
     .sort((x, y) => x.rank - y.rank || x.i - y.i)
     .map(({ d }) => d.model);
   let refused: Untranslatable | null = null;
   for (const deployment of candidates) {
     const provider = gw.providers.get(deployment.provider.id)!;
-    if (ownCount(gw, deployment, endpoint)) return { deployment, provider, upstream: body };
+    // Its own count (the mock counts either): passed through.
+    if (provider.countsAs === null || provider.countsAs === endpoint) return { deployment, provider, upstream: body };
     try {
       return {
         deployment, provider, upstream: countBodyFor(endpoint, body, {
@@ -193,10 +195,4 @@ function countingDeployment(gw: RouteHost, model: ModelEntry, endpoint: CountEnd
     }
   }
   return refused!;
-}
-
-/** Whether the deployment's provider counts bodies of the client's count as they are (the mock counts either). */
-function ownCount(gw: RouteHost, deployment: ModelEntry, endpoint: CountEndpoint): boolean {
-  const own = gw.providers.get(deployment.provider.id)!.countsAs;
-  return own === null || own === endpoint;
 }

@@ -18,10 +18,10 @@ export function responsesInputOf(chat: Record<string, unknown>): Record<string, 
 }
 
 /**
- * Only the files of a chat request, as one user message of Responses input: what its estimate
- * misses (a PDF's pages), counted alone when the count refuses the whole converted input.
+ * Only the files of a chat request, as Responses input parts: what its estimate misses (a PDF's
+ * pages), counted alone when the count refuses the whole converted input.
  */
-export function responsesFilesOf(chat: Record<string, unknown>): Record<string, unknown> {
+export function responsesFilesOf(chat: Record<string, unknown>): unknown[] {
   const files: unknown[] = [];
   if (Array.isArray(chat.messages)) {
     for (const m of chat.messages) {
@@ -29,7 +29,7 @@ export function responsesFilesOf(chat: Record<string, unknown>): Record<string, 
       for (const part of m.content) if (isObj(part) && part.type === 'file') files.push(partOf(part));
     }
   }
-  return { input: [{ role: 'user', content: files.filter((f) => f !== null) }] };
+  return files.filter((f) => f !== null);
 }
 
 function addMessage(m: Record<string, unknown>, input: unknown[], custom: Set<string>): void {

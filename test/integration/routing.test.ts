@@ -254,21 +254,22 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
     assert.equal(body.choices[0]!.message.content, 'translated back');
   });
 
-  test('a count goes to a deployment not cooling down, one whose own count the client called first, with that deployment\'s own model', async () => {
+  test('a count goes to the deployment calls go to, with its own model, in its protocol; one whose translation refuses is passed over', async () => {
     const count = async (path: string, body: Record<string, unknown>) => {
       const res = await postJson(`${gw.url}${path}`, 'sk-client', { model: 'counted', ...body });
       assert.equal(res.status, 200);
       return ((await res.json()) as { input_tokens: number }).input_tokens;
     };
-    const messages = (body: Record<string, unknown> = { messages: [{ role: 'user', content: 'hi' }] }) => count('/v1/messages/count_tokens', body);
+    const messages = (content: unknown = 'hi') => count('/v1/messages/count_tokens', { messages: [{ role: 'user', content }] });
     const responses = (body: Record<string, unknown> = { input: 'hi' }) => count('/v1/responses/input_tokens', body);
-    // An Anthropic client's count goes to the Anthropic deployment, though it is listed second (found in review: an OpenAI-protocol one first answered 404 on a vLLM).
-    a.queue.push((_req, res) => json(res, 200, { input_tokens: 11 }));
+    // The OpenAI deployment, which calls go to, though the fallback speaks the client's protocol (found in review: the fallback's model was counted).
+    b.queue.push((_req, res) => json(res, 200, { object: 'response.input_tokens', input_tokens: 11 }));
     assert.equal(await messages(), 11);
-    assert.deepEqual([a.seen.at(-1)!.path, a.seen.at(-1)!.body.model], ['/v1/messages/count_tokens', 'ant-model']);
-    b.queue.push((_req, res) => json(res, 200, { object: 'response.input_tokens', input_tokens: 12 }));
-    assert.equal(await responses(), 12);
     assert.deepEqual([b.seen.at(-1)!.path, b.seen.at(-1)!.body.model], ['/v1/responses/input_tokens', 'b-model']);
+    // A block chat cannot express: the Anthropic deployment counts it.
+    a.queue.push((_req, res) => json(res, 200, { input_tokens: 12 }));
+    assert.equal(await messages([{ type: 'search_result', source: 's', title: 't', content: [{ type: 'text', text: 'x' }] }]), 12);
+    assert.deepEqual([a.seen.at(-1)!.path, a.seen.at(-1)!.body.model], ['/v1/messages/count_tokens', 'ant-model']);
     // The OpenAI deployment cools down: an OpenAI client's count is translated for the Anthropic one.
     b.queue.push(status(503));
     a.queue.push((_req, res) => json(res, 200, anthropicMessage('from ant')));
