@@ -297,7 +297,9 @@ export class HttpProvider implements Provider {
     const files = filesOnly ? responsesFilesOf(ex.body) : null;
     if (converted) Object.assign(upstream, files !== null ? { input: [{ role: 'user', content: files }] } : responsesInputOf(ex.body));
     if (!converted) for (const field of COUNTED_FIELDS) if (ex.body[field] !== undefined) upstream[field] = ex.body[field];
-    const timeoutMs = Math.min(this.config.timeoutMs, COUNT_TIMEOUT_MS);
+    // A file's count fetches and reads it (a PDF's pages): it gets the call's own timeoutMs, and
+    // its timeout moves nothing on (below); the rest is a tokenizer's work.
+    const timeoutMs = beyond === 'file' ? this.config.timeoutMs : Math.min(this.config.timeoutMs, COUNT_TIMEOUT_MS);
     this.ask(this.inputCountTarget!, JSON.stringify(upstream), ex.requestId, [], key, timeoutMs, (stop) => ex.onAbort(stop), (outcome) => {
       if (ex.aborted) return;
       try {
