@@ -218,10 +218,7 @@ export class HttpProvider implements Provider {
       }
       if (status >= 200 && status < 300) return request.fail('upstream_error', { message: 'The provider\'s count was cut off, too large or unreadable.' });
       if (status === 404 || status === 405) {
-        return request.fail('invalid_request', {
-          message: `The model "${request.model.id}" cannot count tokens: its provider's server has no ${this.kind.count.path} (it answered ${status}).`,
-          fields: { param: 'model' },
-        });
+        return request.noCount(`The model "${request.model.id}" cannot count tokens: its provider's server has no ${this.kind.count.path} (it answered ${status}).`);
       }
       failAsAnswered(request, status, answer, outcome.waitMs);
     });

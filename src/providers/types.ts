@@ -152,6 +152,8 @@ export interface CountRequest {
   failWith(code: string, spec: ErrorSpec, message: string): void;
   /** Runs `stop` if the client goes away first. */
   onAbort(stop: () => void): void;
+  /** The provider's server has no count (404, 405): another deployment may be asked, else the request's 400 with `message`. */
+  noCount(message: string): void;
 }
 
 export interface Provider {

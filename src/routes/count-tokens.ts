@@ -94,11 +94,11 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
       // not take them away), and the body translated for its count: what the call's translation
       // refuses is the request's 400 before admission (CONTRACT section 4: a rejected request
       // consumes nothing; found in review: it used up an RPM count).
-      const counting = countingDeployment(gw, model, endpoint, b, ctx.id);
-      if (counting instanceof Untranslatable) {
-        return sendError(ctx, res, 'invalid_request', gw.done, { message: counting.message, fields: { param: counting.param } });
+      const candidates = countingCandidates(gw, model);
+      const first = countingDeployment(candidates, 0, endpoint, b, ctx.id);
+      if (first instanceof Untranslatable) {
+        return sendError(ctx, res, 'invalid_request', gw.done, { message: first.message, fields: { param: first.param } });
       }
-      const { deployment, provider, upstream } = counting;
       gw.admit(ctx, res, gw.limiter.admitInstant(countingAccount(key.account), countingKey(key), null), () => {
         let stops: Array<() => void> = [];
         // Answered, failed or abandoned: exactly one of them, and one access-log line (found in
@@ -120,34 +120,49 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         // connection does); at once if the client left while a remote limiter decided: then
         // nothing goes upstream (found in review).
         if (!releaseWhenClosed(req, res, abandon)) return;
-        const request: CountRequest = {
-          endpoint, body: b, upstream, model: deployment, requestId: ctx.id,
-          header: (name) => {
-            const value = req.headers[name];
-            return Array.isArray(value) ? value[0] : value;
-          },
-          answer(json) {
-            if (!end()) return;
-            const headers = baseHeaders(ctx, 'application/json');
-            headers.push('content-length', String(Buffer.byteLength(json)));
-            ctx.status = 200;
-            res.writeHead(200, headers);
-            res.end(json);
-            gw.done(ctx);
-          },
-          fail: (code, details) => {
-            if (end()) sendError(ctx, res, code, gw.done, details);
-          },
-          failWith: (code, spec, message) => {
-            if (end()) sendErrorSpec(ctx, res, code, spec, gw.done, { message });
-          },
-          onAbort: (stop) => { stops.push(stop); },
+        const ask = (counting: Counting): void => {
+          const request: CountRequest = {
+            endpoint, body: b, upstream: counting.upstream, model: counting.deployment, requestId: ctx.id,
+            header: (name) => {
+              const value = req.headers[name];
+              return Array.isArray(value) ? value[0] : value;
+            },
+            answer(json) {
+              if (!end()) return;
+              const headers = baseHeaders(ctx, 'application/json');
+              headers.push('content-length', String(Buffer.byteLength(json)));
+              ctx.status = 200;
+              res.writeHead(200, headers);
+              res.end(json);
+              gw.done(ctx);
+            },
+            fail: (code, details) => {
+              if (end()) sendError(ctx, res, code, gw.done, details);
+            },
+            failWith: (code, spec, message) => {
+              if (end()) sendErrorSpec(ctx, res, code, spec, gw.done, { message });
+            },
+            onAbort: (stop) => { stops.push(stop); },
+            // Its server has no count (a vLLM or Ollama deployment): the next deployment that can
+            // take the body is asked, within the same admission, else the request's 400.
+            noCount: (message) => {
+              if (over) return;
+              try {
+                const next = countingDeployment(candidates, counting.index + 1, endpoint, b, ctx.id);
+                if (next instanceof Untranslatable || next === null) return request.fail('invalid_request', { message, fields: { param: 'model' } });
+                ask(next);
+              } catch (err) {
+                if (end()) gw.fault(ctx, res, err); // runs from a socket's events: a bug fails this count, never the process
+              }
+            },
+          };
+          try {
+            counting.provider.countTokens(request);
+          } catch (err) {
+            if (end()) gw.fault(ctx, res, err); // a bug: answered, never left waiting
+          }
         };
-        try {
-          provider.countTokens(request);
-        } catch (err) {
-          if (end()) gw.fault(ctx, res, err); // a bug: answered, never left waiting
-        }
+        ask(first!);
       });
     } catch (err) {
       gw.fault(ctx, res, err);
@@ -155,36 +170,52 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
   }, gw.countBodies, ctx.key!.account.id, res);
 }
 
-/** The deployment that counts, its provider, and the body its count takes. */
+/** The deployment that counts, its provider, the body its count takes, and its place among the candidates. */
 interface Counting {
   readonly deployment: ModelEntry;
   readonly provider: Provider;
   readonly upstream: Record<string, unknown>;
+  readonly index: number;
 }
 
 /**
- * The deployment that counts a model's tokens, and the body for its count (the client's, or
- * its translation). A routed model's deployments are taken as calls take them: those not
+ * The deployments that may count a model's tokens, in the order calls take them: those not
  * cooling down first, then the non-fallback ones first (found in review: counts sent to a
- * fallback counted for a model the calls do not go to, or to a server without a count), in
- * config order; one whose translation refuses the body is passed over (found in review: an
- * Anthropic client's block that chat cannot express was refused though an Anthropic deployment
- * could count it). A count is one attempt, never failed over. When every translation
- * refuses, the first refusal.
+ * fallback counted for a model the calls do not go to), in config order.
  */
-function countingDeployment(gw: RouteHost, model: ModelEntry, endpoint: CountEndpoint, body: Record<string, unknown>, requestId: string): Counting | Untranslatable {
-  const candidates = model.deployments.length <= 1 ? [model] : model.deployments
+function countingCandidates(gw: RouteHost, model: ModelEntry): Candidate[] {
+  // Their providers as they are now: a reload while a count is under way must not take them away.
+  const candidate = (deployment: ModelEntry): Candidate => ({ deployment, provider: gw.providers.get(deployment.provider.id)! });
+  if (model.deployments.length <= 1) return [candidate(model)];
+  return model.deployments
     .map((d, i) => ({ d, rank: (gw.cooldowns.until(d.key) === 0 ? 0 : 2) + (d.fallback ? 1 : 0), i }))
     .sort((x, y) => x.rank - y.rank || x.i - y.i)
-    .map(({ d }) => d.model);
+    .map(({ d }) => candidate(d.model));
+}
+
+interface Candidate {
+  readonly deployment: ModelEntry;
+  readonly provider: Provider;
+}
+
+/**
+ * The first candidate from `from` on that can take the body, and the body for its count (the
+ * client's, or its translation). One whose translation refuses the body is passed over (found
+ * in review: an Anthropic client's block that chat cannot express was refused though an
+ * Anthropic deployment could count it); when every one refuses, the first refusal, or null when
+ * none is left.
+ */
+function countingDeployment(
+  candidates: readonly Candidate[], from: number, endpoint: CountEndpoint, body: Record<string, unknown>, requestId: string,
+): Counting | Untranslatable | null {
   let refused: Untranslatable | null = null;
-  for (const deployment of candidates) {
-    const provider = gw.providers.get(deployment.provider.id)!;
+  for (let index = from; index < candidates.length; index++) {
+    const { deployment, provider } = candidates[index]!;
     // Its own count (the mock counts either): passed through.
-    if (provider.countsAs === null || provider.countsAs === endpoint) return { deployment, provider, upstream: body };
+    if (provider.countsAs === null || provider.countsAs === endpoint) return { deployment, provider, upstream: body, index };
     try {
       return {
-        deployment, provider, upstream: countBodyFor(endpoint, body, {
+        deployment, provider, index, upstream: countBodyFor(endpoint, body, {
           model: deployment.id, maxOutputTokens: deployment.maxOutputTokens, inputTokens: 0, requestId, clientBody: body,
           outputLimitField: deployment.provider.outputLimitField,
         }),
@@ -194,5 +225,5 @@ function countingDeployment(gw: RouteHost, model: ModelEntry, endpoint: CountEnd
       refused ??= err;
     }
   }
-  return refused!;
+  return refused;
 }

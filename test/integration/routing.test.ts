@@ -285,6 +285,21 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
     assert.deepEqual([b.seen.at(-1)!.path, b.seen.at(-1)!.body.previous_response_id], ['/v1/responses/input_tokens', 'resp_1']);
   });
 
+  test('a deployment whose server has no count (vLLM, Ollama: 404) passes the count on to the next that can take it; none left is 400', async () => {
+    const count = () => postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-client', { model: 'counted', messages: [{ role: 'user', content: 'hi' }] });
+    b.queue.push((_req, res) => json(res, 404, { detail: 'Not Found' }));
+    a.queue.push((_req, res) => json(res, 200, { input_tokens: 21 }));
+    let res = await count();
+    assert.equal(res.status, 200);
+    assert.deepEqual(await res.json(), { input_tokens: 21 });
+    assert.deepEqual([b.seen.at(-1)!.path, a.seen.at(-1)!.path, a.seen.at(-1)!.body.model], ['/v1/responses/input_tokens', '/v1/messages/count_tokens', 'ant-model']);
+    b.queue.push((_req, res2) => json(res2, 404, { detail: 'Not Found' }));
+    a.queue.push((_req, res2) => json(res2, 405, { error: { message: 'no' } }));
+    res = await count();
+    assert.equal(res.status, 400);
+    assert.match(((await res.json()) as { error: { message: string } }).error.message, /cannot count tokens/);
+  });
+
   test('a routed model with one deployment that can take the call keeps that provider\'s own retries', async () => {
     // Embeddings have no Anthropic form: only b can take them, and it gets §6's retries.
     b.queue.push(status(503));
