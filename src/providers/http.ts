@@ -193,8 +193,9 @@ export class HttpProvider implements Provider {
    * same one (the model swapped; Anthropic's anthropic-version and anthropic-beta kept, the
    * provider's JSON relayed as it is), else its translation (made by the route, before
    * admission) answered in the client's form. One attempt under `timeoutMs`, its errors mapped
-   * as a call's are; a server without the count (404, 405: a compatible one) is the request's
-   * 400, and an answer without a believable count a 502: never a made-up figure.
+   * as a call's are; a server without the count (a 405, or a 404 not in the provider's error
+   * envelope: a compatible one) is the request's 400 when no other deployment can count (see
+   * noCount), and an answer without a believable count a 502: never a made-up figure.
    */
   countTokens(request: CountRequest): void {
     const passed = request.endpoint === this.kind.count.endpoint;
@@ -217,7 +218,7 @@ export class HttpProvider implements Provider {
         if (counted !== null) return request.answer(passed ? answer : countAnswer(request.endpoint, counted));
       }
       if (status >= 200 && status < 300) return request.fail('upstream_error', { message: 'The provider\'s count was cut off, too large or unreadable.' });
-      if (status === 404 || status === 405) {
+      if (noCountHere(status, answer)) {
         return request.noCount(`The model "${request.model.id}" cannot count tokens: its provider's server has no ${this.kind.count.path} (it answered ${status}).`);
       }
       failAsAnswered(request, status, answer, outcome.waitMs);
@@ -283,7 +284,7 @@ export class HttpProvider implements Provider {
    * all of it (found in review: a stored conversation of 300,000 tokens, continued again and
    * again by calls cut after their first event, cost the gateway its price each time and the
    * client nothing). With the call's own credential, within COUNT_TIMEOUT_MS. Only a server
-   * without the endpoint (404, 405: a compatible one) lets the call go on uncounted; any other
+   * without the endpoint (see noCountHere: a compatible one) lets the call go on uncounted; any other
    * failure to count is the call's, free, as the same failure of the call would be (found in
    * review: a count the provider rate-limited, or one left waiting, let the call go on uncounted).
    */
@@ -309,7 +310,7 @@ export class HttpProvider implements Provider {
             if (counted !== null) ex.noteInputCount(files === null ? counted : Math.max(0, ex.inputTokens - DOCUMENT_TOKENS * files.length) + counted);
             return then();
           }
-          if (status === 404 || status === 405) return then();
+          if (noCountHere(status, outcome.answer)) return then();
           // A converted input the count refuses (a part or tool it reads otherwise, a chat-only
           // model) is the conversion's fault, not the call's: its files, what the estimate misses,
           // are counted alone, and refused again the call goes on, estimated as before. A 401 or
@@ -787,6 +788,23 @@ function providerMessage(text: string): string | null {
   }
   const trimmed = text.trim();
   return trimmed === '' ? null : trimmed.slice(0, 500);
+}
+
+/**
+ * Whether a count's answer says the server has no count: a 405, or a 404 that is not the
+ * provider's own error (a vLLM's `{"detail":"Not Found"}`, an Ollama's page). A 404 in the
+ * provider's envelope is about the request (found in review: OpenAI's unknown
+ * `previous_response_id`, or Anthropic's unknown model, was taken for a missing count).
+ */
+function noCountHere(status: number, answer: Buffer): boolean {
+  if (status === 405) return true;
+  if (status !== 404) return false;
+  try {
+    const json = JSON.parse(answer.toString('utf8')) as { error?: unknown };
+    return json === null || typeof json !== 'object' || json.error === null || typeof json.error !== 'object';
+  } catch {
+    return true;
+  }
 }
 
 /** What answers with an error: a call, or a count. */

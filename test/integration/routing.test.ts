@@ -298,6 +298,14 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
     res = await count();
     assert.equal(res.status, 400);
     assert.match(((await res.json()) as { error: { message: string } }).error.message, /cannot count tokens/);
+    // A 404 in the provider's own error envelope is about the request, not a missing count: it is the answer, never sent on
+    // (found in review: an unknown previous_response_id went to another deployment, maybe another project).
+    const asked = a.seen.length;
+    b.queue.push((_req, res2) => json(res2, 404, { error: { message: 'Previous response with id \'resp_x\' not found.', type: 'invalid_request_error', code: 'previous_response_not_found' } }));
+    res = await postJson(`${gw.url}/v1/responses/input_tokens`, 'sk-client', { model: 'counted', previous_response_id: 'resp_x', input: 'go on' });
+    assert.notEqual(res.status, 200);
+    assert.match(((await res.json()) as { error: { message: string } }).error.message, /resp_x/);
+    assert.equal(a.seen.length, asked, 'not sent on');
   });
 
   test('a routed model with one deployment that can take the call keeps that provider\'s own retries', async () => {

@@ -132,6 +132,14 @@ describe('regression: a continued stored context is counted before the call', ()
     assert.equal(last()!.inputTokens, 40);
   });
 
+  test('a 404 in the provider\'s own error envelope is the call\'s answer, not a missing count (found in review): the call is not sent', async () => {
+    up.queue.push((_req, res) => json(res, 404, { error: { message: 'Previous response with id \'resp_gone\' not found.', type: 'invalid_request_error', code: 'previous_response_not_found' } }));
+    const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-x', previous_response_id: 'resp_gone', input: 'hello' });
+    assert.notEqual(res.status, 200);
+    assert.match(((await res.json()) as { error: { message: string } }).error.message, /resp_gone/);
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens']);
+  });
+
   test('a count the provider refuses as the request\'s fault is the call\'s answer: the call is not sent, and is free', async () => {
     up.queue.push((_req, res) => json(res, 400, { error: { message: 'Previous response with id \'resp_zz\' not found.', type: 'invalid_request_error', param: 'previous_response_id' } }));
     const before = entriesOf(gw, 'acct_a').length;
