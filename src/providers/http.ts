@@ -293,8 +293,9 @@ export class HttpProvider implements Provider {
     const converted = ex.endpoint === 'chat';
     const upstream: Record<string, unknown> = { model: ex.model.upstreamModel };
     const files = filesOnly ? responsesFilesOf(ex.body) : null;
-    if (converted) Object.assign(upstream, files !== null ? { input: [{ role: 'user', content: files }] } : responsesInputOf(ex.body));
-    if (!converted) for (const field of COUNTED_FIELDS) if (ex.body[field] !== undefined) upstream[field] = ex.body[field];
+    if (files !== null) upstream.input = [{ role: 'user', content: files }];
+    else if (converted) Object.assign(upstream, responsesInputOf(ex.body));
+    else for (const field of COUNTED_FIELDS) if (ex.body[field] !== undefined) upstream[field] = ex.body[field];
     // A file's count fetches and reads it (a PDF's pages): it gets the call's own timeoutMs, and
     // its timeout moves nothing on (below); the rest is a tokenizer's work.
     const timeoutMs = beyond === 'file' ? this.config.timeoutMs : Math.min(this.config.timeoutMs, COUNT_TIMEOUT_MS);
@@ -861,7 +862,7 @@ function inputBeyondRequest(body: Record<string, unknown>): InputBeyond | null {
     if (item === null || typeof item !== 'object') continue;
     const it = item as Record<string, unknown>;
     // A message's content, or a tool call's output (found in review: a file there was not counted).
-    if (it.type === 'input_file' || holdsFile(it.content) || holdsFile(it.output)) return 'file';
+    if (it.type === 'input_file' || holdsPart(it.content, 'input_file') || holdsPart(it.output, 'input_file')) return 'file';
     if (it.type === 'item_reference' || (it.type === undefined && it.role === undefined)) beyond = 'stored';
   }
   return beyond;
@@ -876,20 +877,17 @@ function refusedRequest(status: number): boolean {
 function chatHoldsFile(body: Record<string, unknown>): boolean {
   const messages = body.messages;
   if (!Array.isArray(messages)) return false;
-  for (const m of messages) {
-    const content = m !== null && typeof m === 'object' ? (m as { content?: unknown }).content : undefined;
-    if (!Array.isArray(content)) continue;
-    for (const part of content) if (part !== null && typeof part === 'object' && (part as { type?: unknown }).type === 'file') return true;
-  }
+  for (const m of messages) if (m !== null && typeof m === 'object' && holdsPart((m as { content?: unknown }).content, 'file')) return true;
   return false;
 }
 
 /** Why a call's input is counted first: it refers to stored input, or holds a file (which the provider may fetch). */
 type InputBeyond = 'stored' | 'file';
 
-function holdsFile(parts: unknown): boolean {
+/** Whether `parts` is an array holding a part of this `type`. */
+function holdsPart(parts: unknown, type: string): boolean {
   if (!Array.isArray(parts)) return false;
-  for (const part of parts) if (part !== null && typeof part === 'object' && (part as { type?: unknown }).type === 'input_file') return true;
+  for (const part of parts) if (part !== null && typeof part === 'object' && (part as { type?: unknown }).type === type) return true;
   return false;
 }
 

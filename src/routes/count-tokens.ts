@@ -5,7 +5,7 @@ import { bodyRefusal, readBody, takeBody } from '../http/body.js';
 import { bodyShapeProblem } from '../http/body-shape.js';
 import type { RequestContext } from '../http/context.js';
 import { releaseWhenClosed } from '../http/pipelined.js';
-import { baseHeaders, sendError, sendErrorSpec } from '../http/reply.js';
+import { sendError, sendErrorSpec, sendJson } from '../http/reply.js';
 import type { AccountLimits, KeyLimits } from '../limiter/types.js';
 import { bad, checkBasics, checkMessages } from '../protocols/common.js';
 import type { Checked } from '../protocols/types.js';
@@ -128,13 +128,7 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
               return Array.isArray(value) ? value[0] : value;
             },
             answer(json) {
-              if (!end()) return;
-              const headers = baseHeaders(ctx, 'application/json');
-              headers.push('content-length', String(Buffer.byteLength(json)));
-              ctx.status = 200;
-              res.writeHead(200, headers);
-              res.end(json);
-              gw.done(ctx);
+              if (end()) sendJson(ctx, res, 200, json, gw.done);
             },
             fail: (code, details) => {
               if (end()) sendError(ctx, res, code, gw.done, details);
