@@ -205,13 +205,13 @@ export class HttpProvider implements Provider {
     const headers = this.kind.count.endpoint === 'messages' ? this.kind.headers(passed ? (name) => request.header(name) : () => undefined) : [];
     this.ask(this.countTarget, JSON.stringify(upstream), request.requestId, headers, this.takeKey(), this.config.timeoutMs, request.onAbort, (outcome) => {
       if (outcome.kind === 'timeout') {
-        return request.fail('upstream_timeout', {
+        return request.unavailable('upstream_timeout', {
           // Still waiting for one of the counts' connections: the gateway's own queue took the time.
           message: outcome.queued ? `No connection to the provider came free within ${this.config.timeoutMs} ms (the gateway's connections for token counts are all busy).`
             : `The provider did not answer within ${this.config.timeoutMs} ms.`,
         });
       }
-      if (outcome.kind === 'unreachable') return request.fail('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
+      if (outcome.kind === 'unreachable') return request.unavailable('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
       const { status, answer, complete } = outcome;
       if (status >= 200 && status < 300 && complete) {
         const counted = inputTokensIn(answer);
@@ -221,7 +221,8 @@ export class HttpProvider implements Provider {
       if (noCountHere(status, answer)) {
         return request.noCount(`The model "${request.model.id}" cannot count tokens: its provider's server has no ${this.kind.count.path} (it answered ${status}).`);
       }
-      failAsAnswered(request, status, answer, outcome.waitMs);
+      // What a routed call fails over on moves the count on too (a refusal of the request is its answer).
+      failAsAnswered(refusedRequest(status) ? request : { fail: request.unavailable, failWith: request.failWith }, status, answer, outcome.waitMs);
     });
   }
 

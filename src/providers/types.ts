@@ -154,6 +154,11 @@ export interface CountRequest {
   onAbort(stop: () => void): void;
   /** The provider's server has no count (404, 405): another deployment may be asked, else the request's 400 with `message`. */
   noCount(message: string): void;
+  /**
+   * The provider failed as a routed call fails over (no connection, a timeout, 408, 429, 5xx,
+   * 529): another deployment may be asked, else this is the answer.
+   */
+  unavailable(code: ErrorCode, details?: ErrorDetails): void;
 }
 
 export interface Provider {

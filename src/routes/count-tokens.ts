@@ -120,7 +120,20 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         // connection does); at once if the client left while a remote limiter decided: then
         // nothing goes upstream (found in review).
         if (!releaseWhenClosed(req, res, abandon)) return;
+        let attempts = 0;
+        /** Asks the next deployment that can take the body, else runs `otherwise`. */
+        const passOn = (counting: Counting, attempt: boolean, otherwise: () => void): void => {
+          if (over) return;
+          try {
+            const next = attempt && attempts >= gw.config.routing.maxAttempts ? null : countingDeployment(candidates, counting.index + 1, endpoint, b, ctx.id);
+            if (next instanceof Untranslatable || next === null) return otherwise();
+            ask(next);
+          } catch (err) {
+            if (end()) gw.fault(ctx, res, err); // runs from a socket's events: a bug fails this count, never the process
+          }
+        };
         const ask = (counting: Counting): void => {
+          attempts++;
           const request: CountRequest = {
             endpoint, body: b, upstream: counting.upstream, model: counting.deployment, requestId: ctx.id,
             header: (name) => {
@@ -139,16 +152,10 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
             onAbort: (stop) => { stops.push(stop); },
             // Its server has no count (a vLLM or Ollama deployment): the next deployment that can
             // take the body is asked, within the same admission, else the request's 400.
-            noCount: (message) => {
-              if (over) return;
-              try {
-                const next = countingDeployment(candidates, counting.index + 1, endpoint, b, ctx.id);
-                if (next instanceof Untranslatable || next === null) return request.fail('invalid_request', { message, fields: { param: 'model' } });
-                ask(next);
-              } catch (err) {
-                if (end()) gw.fault(ctx, res, err); // runs from a socket's events: a bug fails this count, never the process
-              }
-            },
+            noCount: (message) => passOn(counting, false, () => request.fail('invalid_request', { message, fields: { param: 'model' } })),
+            // It failed as a routed call fails over: the next is asked, up to `routing.maxAttempts`
+            // counts in all, else this failure is the answer. Nothing cools down: a count is not a call.
+            unavailable: (code, details) => passOn(counting, true, () => request.fail(code, details)),
           };
           try {
             counting.provider.countTokens(request);

@@ -308,6 +308,39 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
     assert.equal(a.seen.length, asked, 'not sent on');
   });
 
+  test('a count whose deployment fails as a call fails over (5xx, 529, no connection) moves on to the next; a refusal is the answer; nothing cools down', async () => {
+    const count = (model = 'counted') => postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-client', { model, messages: [{ role: 'user', content: 'hi' }] });
+    b.queue.push(status(503));
+    a.queue.push((_req, res) => json(res, 200, { input_tokens: 21 }));
+    let res = await count();
+    assert.equal(res.status, 200);
+    assert.deepEqual(await res.json(), { input_tokens: 21 });
+    assert.deepEqual([b.seen.at(-1)!.path, a.seen.at(-1)!.path], ['/v1/responses/input_tokens', '/v1/messages/count_tokens']);
+    // Every one failing: the last failure is the answer.
+    b.queue.push(status(500));
+    a.queue.push(status(529));
+    res = await count();
+    assert.equal(res.status, 503);
+    assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'upstream_overloaded');
+    // A deployment that cannot be reached: the next counts.
+    b.queue.push((_req, res2) => json(res2, 200, { object: 'response.input_tokens', input_tokens: 9 }));
+    res = await postJson(`${gw.url}/v1/responses/input_tokens`, 'sk-client', { model: 'gone', input: 'hi' });
+    assert.equal(res.status, 200);
+    assert.equal(((await res.json()) as { input_tokens: number }).input_tokens, 9);
+    // The request's own 4xx is its answer, never sent on.
+    const asked = a.seen.length;
+    b.queue.push(status(400));
+    res = await count();
+    assert.equal(res.status, 400);
+    assert.equal(a.seen.length, asked, 'not sent on');
+    // The counts cooled nothing down: calls still go to b.
+    b.queue.push(ok);
+    const answered = await call('counted');
+    assert.equal(answered.status, 200);
+    assert.equal(answered.headers.get('x-gateway-deployment'), 'b');
+    await answered.arrayBuffer();
+  });
+
   test('a routed model with one deployment that can take the call keeps that provider\'s own retries', async () => {
     // Embeddings have no Anthropic form: only b can take them, and it gets §6's retries.
     b.queue.push(status(503));
