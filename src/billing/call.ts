@@ -142,6 +142,10 @@ export class BilledCall implements Exchange {
   /** The call is now on this deployment (a routed call's attempt). */
   serve(model: ModelEntry): void {
     this.model = model;
+    // What the provider left counts only there (found in review: a deployment that counted
+    // 9,000,000 tokens and then failed set the charge of the call another one served).
+    this.countedInput = 0;
+    this.unreportedInput = 0;
   }
 
   head(status: number, contentType: string, extra: string[] = []): void {
@@ -347,8 +351,14 @@ export class BilledCall implements Exchange {
    */
   private reasons(): boolean {
     const b = this.body;
-    const effort = isObj(b.reasoning) ? b.reasoning.effort : b.reasoning_effort;
-    const little = effort === 'none' || effort === 'minimal';
+    // The endpoint's own field (chat's `reasoning_effort`, the Responses API's
+    // `reasoning.effort`), and the other's too when it is sent: a compatible server may read
+    // that one (found in review: a decoy `reasoning.effort: "none"` beside `reasoning_effort:
+    // "high"` turned the charge off).
+    const nested = isObj(b.reasoning) ? b.reasoning.effort : undefined;
+    const [effort, other] = this.endpoint === 'responses' ? [nested, b.reasoning_effort] : [b.reasoning_effort, nested];
+    const small = (e: unknown) => e === 'none' || e === 'minimal';
+    const little = small(effort) && (other === undefined || other === null || small(other));
     if (this.model.provider.protocol !== 'anthropic') return !little;
     // The client's own `thinking` goes as it is, a `-thinking` id's included (found in review: disabled there, it was charged).
     if (b.thinking !== undefined) return isObj(b.thinking) && b.thinking.type !== 'disabled';

@@ -203,7 +203,7 @@ export class HttpProvider implements Provider {
     // A translated count takes none of the client's headers, as a translated call takes none (an
     // OpenAI client's anthropic-beta would count what its calls will not be billed).
     const headers = this.kind.count.endpoint === 'messages' ? this.kind.headers(passed ? (name) => request.header(name) : () => undefined) : [];
-    this.ask(this.countTarget, JSON.stringify(upstream), request.requestId, headers, this.takeKey(), this.config.timeoutMs, request.onAbort, (outcome) => {
+    this.ask(this.countTarget, JSON.stringify(upstream), request.requestId, headers, this.takeKey(), this.config.timeoutMs, request.attempts, request.onAbort, (outcome) => {
       if (outcome.kind === 'timeout') {
         return request.unavailable('upstream_timeout', {
           // Still waiting for one of the counts' connections: the gateway's own queue took the time.
@@ -227,13 +227,15 @@ export class HttpProvider implements Provider {
   }
 
   /**
-   * One POST to a counting endpoint (`target`, over its pool) with the credential
-   * `key`: one attempt under `timeoutMs`, sent again once on a new connection when a kept-alive
-   * one turns out closed while idle; `done` gets the answer or why there is none, once, unless
-   * the client left first.
+   * One POST to a counting endpoint (`target`, over its pool) with the credential `key`, under
+   * `timeoutMs` in all: sent again once on a new connection when a kept-alive one turns out
+   * closed while idle, and, up to `attempts` in all, after what section 6 retries a call after
+   * (no connection, 502, 503, 504, 529, a 429 with a short Retry-After), with the same back-off
+   * (found in review: one 503 failed the call a retry would have saved). `done` gets the answer
+   * or why there is none, once, unless the client left first.
    */
   private ask(
-    target: Target, body: string, requestId: string, extraHeaders: readonly string[], key: number, timeoutMs: number,
+    target: Target, body: string, requestId: string, extraHeaders: readonly string[], key: number, timeoutMs: number, attempts: number,
     onAbort: (stop: () => void) => void, done: (outcome: CountOutcome) => void,
   ): void {
     const headers = [
@@ -242,16 +244,37 @@ export class HttpProvider implements Provider {
       ...extraHeaders, ...this.config.headers,
     ];
     if (key >= 0) headers.push(...this.credentials[key]!);
+    const deadlineAt = performance.now() + timeoutMs;
     let over = false;
+    let n = 1;
+    let backoff: NodeJS.Timeout | null = null;
     const finish = (then: () => void) => {
       if (over) return;
       over = true;
       clearTimeout(timer);
+      if (backoff !== null) clearTimeout(backoff);
       then();
+    };
+    const outcome = (o: CountOutcome) => {
+      if (over) return;
+      const retried = o.kind === 'unreachable'
+        || (o.kind === 'answer' && RETRY_STATUSES.has(o.status) && (o.status !== 429 || o.waitMs === null || o.waitMs <= 5000));
+      if (retried && n < attempts) {
+        const wait = backoffMs(n, o.kind === 'answer' ? o.waitMs : null);
+        if (wait < deadlineAt - performance.now()) {
+          n++;
+          backoff = setTimeout(() => {
+            backoff = null;
+            send(false);
+          }, wait);
+          return;
+        }
+      }
+      finish(() => done(o));
     };
     let req: ClientRequest;
     const timer = setTimeout(() => finish(() => {
-      const queued = req.socket == null;
+      const queued = backoff === null && req.socket == null;
       req.destroy();
       done({ kind: 'timeout', queued });
     }), timeoutMs);
@@ -262,14 +285,15 @@ export class HttpProvider implements Provider {
       const sent = req;
       let answered = false;
       req.on('error', (err) => {
+        if (sent !== req) return; // an earlier attempt's, answered already
         if (!over && !answered && closedWhileIdle(sent, err)) return send(true);
-        finish(() => done({ kind: 'unreachable', error: err }));
+        outcome({ kind: 'unreachable', error: err });
       });
-      req.on('upgrade', upgraded((err) => finish(() => done({ kind: 'unreachable', error: err }))));
+      req.on('upgrade', upgraded((err) => { if (sent === req) outcome({ kind: 'unreachable', error: err }); }));
       req.on('response', (res) => {
         answered = true;
         const waitMs = retryAfterMs(res.headers, Date.now());
-        readSome(res, MAX_ERROR_BYTES, (answer, complete) => finish(() => done({ kind: 'answer', status: res.statusCode ?? 0, waitMs, answer, complete })));
+        readSome(res, MAX_ERROR_BYTES, (answer, complete) => outcome({ kind: 'answer', status: res.statusCode ?? 0, waitMs, answer, complete }));
       });
       req.end(body);
     };
@@ -300,13 +324,15 @@ export class HttpProvider implements Provider {
     // A file's count fetches and reads it (a PDF's pages): it gets the call's own timeoutMs, and
     // its timeout moves nothing on (below); the rest is a tokenizer's work.
     const timeoutMs = beyond === 'file' ? this.config.timeoutMs : Math.min(this.config.timeoutMs, COUNT_TIMEOUT_MS);
-    this.ask(this.inputCountTarget!, JSON.stringify(upstream), ex.requestId, [], key, timeoutMs, (stop) => ex.onAbort(stop), (outcome) => {
+    this.ask(this.inputCountTarget!, JSON.stringify(upstream), ex.requestId, [], key, timeoutMs, ex.maxAttempts, (stop) => ex.onAbort(stop), (outcome) => {
       if (ex.aborted) return;
       try {
         if (outcome.kind === 'answer') {
           const { status } = outcome;
           if (status >= 200 && status < 300) {
             const counted = outcome.complete ? inputTokensIn(outcome.answer) : null;
+            // Nothing believable (cut, too large, not a count): the call goes on estimated, and it shows.
+            if (counted === null) ex.upstreamFailed('count_garbage');
             // The files alone: the estimate's text and the count's files (found in review: the
             // count alone dropped the text), in place of the estimate's fixed figure for each.
             if (counted !== null) ex.noteInputCount(files === null ? counted : Math.max(0, ex.inputTokens - DOCUMENT_TOKENS * files.length) + counted);
@@ -794,16 +820,25 @@ function providerMessage(text: string): string | null {
 
 /**
  * Whether a count's answer says the server has no count: a 405, or a 404 that is not the
- * provider's own error (a vLLM's `{"detail":"Not Found"}`, an Ollama's page). A 404 in the
- * provider's envelope is about the request (found in review: OpenAI's unknown
- * `previous_response_id`, or Anthropic's unknown model, was taken for a missing count).
+ * provider's own error about the request (a vLLM's `{"detail":"Not Found"}`, an Ollama's page,
+ * Azure's "Resource not found"). A 404 whose error names what the request got wrong is about
+ * the request (found in review: OpenAI's unknown `previous_response_id`, or Anthropic's unknown
+ * model, was taken for a missing count).
  */
 function noCountHere(status: number, answer: Buffer): boolean {
   if (status === 405) return true;
   if (status !== 404) return false;
   try {
     const json = JSON.parse(answer.toString('utf8')) as { error?: unknown };
-    return json === null || typeof json !== 'object' || json.error === null || typeof json.error !== 'object';
+    if (json === null || typeof json !== 'object' || json.error === null || typeof json.error !== 'object') return true;
+    // What the request got wrong is named: a field (OpenAI's `param`), a `code`
+    // (previous_response_not_found, model_not_found), or Anthropic's not_found_error. Azure's
+    // unknown path names nothing, `{"code":"404","message":"Resource not found"}`, nor does
+    // OpenAI's "Invalid URL" (found in review: a Responses call with a stored context was failed
+    // with Azure's 404, never sent).
+    const error = json.error as { param?: unknown; code?: unknown; type?: unknown };
+    const names = (v: unknown) => typeof v === 'string' && v !== '' && !/^\d+$/.test(v);
+    return !(names(error.param) || names(error.code) || error.type === 'not_found_error');
   } catch {
     return true;
   }

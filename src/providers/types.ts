@@ -144,6 +144,8 @@ export interface CountRequest {
   readonly upstream: Record<string, unknown>;
   readonly model: ModelEntry;
   readonly requestId: string;
+  /** Attempts this deployment's count may take, section 6's retries included (a routed count moves on after one). */
+  readonly attempts: number;
   /** A request header of the client (lowercase name). */
   header(name: string): string | undefined;
   /** Answers with the provider's JSON (passed through as it is) or the count. */

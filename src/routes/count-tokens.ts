@@ -136,6 +136,7 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
           attempts++;
           const request: CountRequest = {
             endpoint, body: b, upstream: counting.upstream, model: counting.deployment, requestId: ctx.id,
+            attempts: candidates.length > 1 ? 1 : gw.config.routing.maxAttempts,
             header: (name) => {
               const value = req.headers[name];
               return Array.isArray(value) ? value[0] : value;

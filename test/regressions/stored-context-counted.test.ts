@@ -202,4 +202,55 @@ describe('regression: a continued stored context is counted before the call', ()
     assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens']);
     assert.equal(entriesOf(gw, 'acct_a').length, before, 'nothing charged');
   });
+
+  // Found in a review of the whole of these changes.
+  test('a count answered 503 is retried as the call would be (section 6), not the call\'s failure at once', async () => {
+    up.queue.push((_req, res) => json(res, 503, { error: { message: 'overloaded' } }), counted(STORED), (req, res, body) => {
+      open.push(res);
+      startedStream(req, res, body);
+    });
+    const before = entriesOf(gw, 'acct_a').length;
+    await leaveAfterFirstText({ model: 'gpt-x', previous_response_id: 'resp_1', input: 'go on', stream: true, max_output_tokens: 500 });
+    await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_a').length > before, 5000, 'the charge');
+    assert.equal(last()!.inputTokens, STORED);
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses/input_tokens', '/v1/responses']);
+  });
+
+  test('a 404 that names nothing the request got wrong (Azure\'s "Resource not found") is a missing count: the call goes on', async () => {
+    up.queue.push((_req, res) => json(res, 404, { error: { code: '404', message: 'Resource not found' } }), responsesStream([{ text: 'Hi' }], { input_tokens: 40, output_tokens: 1 }));
+    const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-x', previous_response_id: 'resp_1', input: 'hello' });
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses']);
+  });
+
+  test('a count answered without a believable figure lets the call go on, and shows in the metrics', async () => {
+    const garbage = async () => Number(/mg_upstream_errors_total\{provider="oai",kind="count_garbage"\} (\d+)/.exec(await (await fetch(`${gw.url}/metrics`)).text())?.[1] ?? 0);
+    const seen = await garbage();
+    up.queue.push((_req, res) => json(res, 200, { object: 'response.input_tokens', input_tokens: '123456' }), responsesStream([{ text: 'Hi' }], { input_tokens: 40, output_tokens: 1 }));
+    const res = await postJson(`${gw.url}/v1/responses`, 'sk-a', { model: 'gpt-x', previous_response_id: 'resp_1', input: 'hello' });
+    assert.equal(res.status, 200);
+    await res.text();
+    assert.equal(await garbage(), seen + 1);
+  });
+
+  test('a count on a single deployment\'s /v1/responses/input_tokens is retried after a 503 too', async () => {
+    up.queue.push((_req, res) => json(res, 503, { error: { message: 'overloaded' } }), counted(77));
+    const res = await postJson(`${gw.url}/v1/responses/input_tokens`, 'sk-a', { model: 'gpt-x', input: 'hello' });
+    assert.equal(res.status, 200);
+    assert.equal(((await res.json()) as { input_tokens: number }).input_tokens, 77);
+    assert.equal(up.seen.length, 2);
+  });
+
+  test('a count taken on a deployment that then failed does not set the charge of the call another one served', async () => {
+    up.queue.push(counted(9_000_000), (_req, res) => json(res, 500, { error: { message: 'boom' } }), counted(40), (req, res, body) => {
+      open.push(res);
+      startedStream(req, res, body);
+    });
+    const before = entriesOf(gw, 'acct_a').length;
+    await leaveAfterFirstText({ model: 'gpt-routed', previous_response_id: 'resp_1', input: 'go on', stream: true, max_output_tokens: 500 });
+    await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_a').length > before, 5000, 'the charge');
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses', '/v1/responses/input_tokens', '/v1/responses']);
+    assert.ok(last()!.inputTokens < 1000, `charged ${last()!.inputTokens} input tokens`);
+  });
 });

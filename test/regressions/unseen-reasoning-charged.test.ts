@@ -27,6 +27,15 @@ const reasoningStream = (open: ServerResponse[]): Behaviour => (_req, res) => {
   }, REASONING_MS);
 };
 
+/** A chat stream that reasons for REASONING_MS (its headers only), then answers, and goes on. */
+const reasoningChat = (open: ServerResponse[]): Behaviour => (_req, res) => {
+  open.push(res);
+  res.writeHead(200, { 'content-type': 'text/event-stream' });
+  setTimeout(() => {
+    if (!res.destroyed) res.write(`data: ${JSON.stringify({ id: 'c', object: 'chat.completion.chunk', choices: [{ index: 0, delta: { content: 'Hello' }, finish_reason: null }] })}\n\n`);
+  }, REASONING_MS);
+};
+
 /** A Messages stream that says nothing for REASONING_MS after message_start, then answers, and goes on. */
 const slowMessages = (open: ServerResponse[]): Behaviour => (_req, res) => {
   open.push(res);
@@ -92,6 +101,19 @@ describe('regression: a reasoning model\'s unseen output is charged when its cal
   test('a call asking for minimal effort reasons little: charged the output relayed (found in review)', async () => {
     const charge = await leftAtFirstWords('o-think', 50_000, 'minimal');
     assert.equal(charge.outputTokens, 2);
+  });
+
+  test('a decoy effort in the other endpoint\'s field does not turn the charge off (found in review): a compatible server may read either', async () => {
+    // A chat call whose `reasoning_effort` (the field chat servers read) is high, beside a Responses-style `reasoning.effort` of none.
+    const body = { model: 'o-think', stream: true, max_completion_tokens: 50_000, messages: [{ role: 'user', content: 'think hard' }], reasoning_effort: 'high', reasoning: { effort: 'none' } };
+    up.queue.push(reasoningChat(open));
+    const before = entriesOf(gw, 'acct_r').length;
+    await leaveWhenSeen(`${gw.url}/v1/chat/completions`, 'sk-r', body, 'Hello');
+    await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_r').length > before, 5000, 'the charge');
+    assert.ok(last().outputTokens >= (REASONING_MS * RATE) / 1000, String(last().outputTokens));
+    // A Responses call whose own `reasoning.effort` is high, beside a top-level `reasoning_effort` of none.
+    const charge = await leftAtFirstWords('o-think', 50_000, '', '/v1/responses', { model: 'o-think', input: 'think hard', stream: true, max_output_tokens: 50_000, reasoning: { effort: 'high' }, reasoning_effort: 'none' });
+    assert.ok(charge.outputTokens >= (REASONING_MS * RATE) / 1000, String(charge.outputTokens));
   });
 
   test('Claude reasons only with thinking on: a plain call is charged the output relayed, a thinking one the rate', async () => {
