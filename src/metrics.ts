@@ -4,6 +4,8 @@
  * (no per-key labels). Counting is a few map lookups per request; the text is built per scrape.
  */
 
+import { addMicro, microToUsd } from './money.js';
+
 const DURATION_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60];
 
 class Histogram {
@@ -109,7 +111,7 @@ export class Metrics {
   private readonly failovers = new LabeledCounter('mg_failovers_total', 'Routed calls moved off a provider to another deployment, by the provider that failed.', ['provider']);
   private readonly cooldowns = new LabeledCounter('mg_cooldowns_total', 'Deployments put in cooldown after a failure, by provider.', ['provider']);
   /** Per model: tokens in and out, and spend (the hot path adds to numbers; labels are built per scrape). */
-  private readonly models = new Map<string, { input: number; output: number; spendUsd: number }>();
+  private readonly models = new Map<string, { input: number; output: number; spendMicro: number }>();
   private readonly startS = Date.now() / 1000;
 
   constructor(private readonly gauges: Gauges) {}
@@ -151,12 +153,14 @@ export class Metrics {
   charge(model: string, inputTokens: number, outputTokens: number, costMicro: number): void {
     let m = this.models.get(model);
     if (m === undefined) {
-      m = { input: 0, output: 0, spendUsd: 0 };
+      m = { input: 0, output: 0, spendMicro: 0 };
       this.models.set(model, m);
     }
     m.input += inputTokens;
     m.output += outputTokens;
-    m.spendUsd += costMicro / 1e6;
+    // Integer micro-dollars, turned into dollars only when shown (found in review: summed as
+    // dollars, 980,143 micro-dollars showed as 0.9801429999999995).
+    m.spendMicro = addMicro(m.spendMicro, costMicro);
   }
 
   /** The Prometheus text exposition (version 0.0.4). */
@@ -183,7 +187,7 @@ export class Metrics {
     for (const [model, m] of this.models) {
       tokens.add(`${model}\tinput`, m.input);
       tokens.add(`${model}\toutput`, m.output);
-      spend.add(model, m.spendUsd);
+      spend.add(model, microToUsd(m.spendMicro));
     }
     tokens.render(out);
     spend.render(out);

@@ -120,27 +120,18 @@ export function isMicro(value: unknown): value is number {
  * result is always a safe integer (saturating at 2^53 - 1, which no real call reaches).
  */
 export function costMicro(price: Price, usage: Usage): number {
-  const searches = usage.webSearches ?? 0;
-  return searches === 0 ? tokensCost(price, usage) : addMicro(tokensCost(price, usage), searchCost(price, searches));
-}
-
-/** What `searches` web searches cost, rounded up to a micro-dollar (a safe integer: both are bounded). */
-function searchCost(price: Price, searches: number): number {
-  const scaled = searches * price.webSearchPerThousand;
-  if (scaled <= Number.MAX_SAFE_INTEGER) return Math.ceil(scaled / 1000);
-  const cost = (BigInt(searches) * BigInt(price.webSearchPerThousand) + 999n) / 1000n;
-  return cost > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(cost);
-}
-
-function tokensCost(price: Price, usage: Usage): number {
   const hour = usage.cacheWrite1hTokens ?? 0; // at most cacheWriteTokens (messagesUsage)
   const audioIn = usage.audioInputTokens ?? 0; // at most inputTokens, audioOut at most outputTokens (chatUsage)
   const audioOut = usage.audioOutputTokens ?? 0;
+  // Searches are priced per thousand: in millionths of a micro-dollar, as the tokens are, so
+  // the call is rounded up once (found in review: rounded apart, a fraction of each could add 1).
+  const searches = usage.webSearches ?? 0;
   // Audio a provider reported for a model without audio prices (it was not asked for): at the text prices.
   const audioInPrice = price.audioInput ?? price.input;
   const audioOutPrice = price.audioOutput ?? price.output;
   const scaled = (usage.inputTokens - audioIn) * price.input + audioIn * audioInPrice + (usage.outputTokens - audioOut) * price.output +
-    audioOut * audioOutPrice + usage.cacheReadTokens * price.cacheRead + (usage.cacheWriteTokens - hour) * price.cacheWrite + hour * price.cacheWrite1h;
+    audioOut * audioOutPrice + usage.cacheReadTokens * price.cacheRead + (usage.cacheWriteTokens - hour) * price.cacheWrite + hour * price.cacheWrite1h +
+    searches * price.webSearchPerThousand * 1000;
   if (scaled <= Number.MAX_SAFE_INTEGER) {
     const rest = scaled % 1_000_000;
     return (scaled - rest) / 1_000_000 + (rest > 0 ? 1 : 0);
@@ -148,7 +139,7 @@ function tokensCost(price: Price, usage: Usage): number {
   const big = BigInt(usage.inputTokens - audioIn) * BigInt(price.input) + BigInt(audioIn) * BigInt(audioInPrice) +
     BigInt(usage.outputTokens - audioOut) * BigInt(price.output) + BigInt(audioOut) * BigInt(audioOutPrice) +
     BigInt(usage.cacheReadTokens) * BigInt(price.cacheRead) + BigInt(usage.cacheWriteTokens - hour) * BigInt(price.cacheWrite) +
-    BigInt(hour) * BigInt(price.cacheWrite1h);
+    BigInt(hour) * BigInt(price.cacheWrite1h) + BigInt(searches) * BigInt(price.webSearchPerThousand) * 1000n;
   const cost = (big + 999_999n) / 1_000_000n;
   return cost > BigInt(Number.MAX_SAFE_INTEGER) ? Number.MAX_SAFE_INTEGER : Number(cost);
 }

@@ -267,6 +267,10 @@ describe('money', () => {
     assert.equal(configured.config.models.get('m')!.price.cacheWrite1h, 3_750_000, 'omitted: the five-minute price, never free');
     // Web searches: $10 a thousand unless set; a model free of tokens stays free.
     assert.equal(costMicro(sonnet, { inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: 3 }), 30_000);
+    // Rounded up once per call, searches and tokens together (found in review: rounded apart, 0.5 + 0.5 micro-dollars made 2).
+    const halves = { ...price, input: 500_000, webSearchPerThousand: 500 };
+    assert.equal(costMicro(halves, { inputTokens: 1, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: 1 }), 1);
+    assert.equal(costMicro(halves, { inputTokens: 3, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: 2 }), 3, '1.5 + 1 rounds up to 3');
     assert.equal(configured.config.models.get('m')!.price.webSearchPerThousand, 10_000_000);
     const zero = validateConfig({ providers: { mock: { protocol: 'mock' } }, models: { z: { provider: 'mock', price: { inputPerMillion: 0, outputPerMillion: 0 } } } }, opts);
     assert.ok(zero.ok);
