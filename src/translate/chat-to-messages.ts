@@ -4,7 +4,7 @@ import type { ParsedEvents } from '../providers/sse.js';
 import {
   anthropicEvent, argumentsObject, checkKnown, dataEvent, dataUrl, lookup, mergeUsage, refuse, shown, StreamEnded, textOf, toolId, toolName,
 } from './common.js';
-import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
+import { outputFormat, sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
 /**
@@ -36,9 +36,6 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
     if (body[penalty] !== undefined && body[penalty] !== null && body[penalty] !== 0) refuse(penalty, `"${penalty}" has no equivalent on this model's provider.`);
   }
   if (isObj(body.logit_bias) && Object.keys(body.logit_bias).length > 0) refuse('logit_bias', '"logit_bias" has no equivalent on this model\'s provider.');
-  if (body.response_format !== undefined && body.response_format !== null && !(isObj(body.response_format) && body.response_format.type === 'text')) {
-    refuse('response_format', '"response_format" (JSON output) has no equivalent on this model\'s provider; describe the format in the prompt.');
-  }
   if (body.modalities !== undefined && body.modalities !== null && !(Array.isArray(body.modalities) && body.modalities.every((m) => m === 'text'))) {
     refuse('modalities', 'Only text output can be translated for this model\'s provider.');
   }
@@ -77,6 +74,7 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   sampling(body, out);
   tools(body, out, names, dropped);
   thinking(body.reasoning_effort, 'reasoning_effort', out);
+  outputFormat(body.response_format, 'response_format', out);
   return { body: out, dropped, names };
 }
 

@@ -16,8 +16,9 @@ const KNOWN = new Set([
 /**
  * Optional fields Claude Code always sends that OpenAI-protocol models have no equivalent for;
  * they tune the call (thinking, effort, context editing, tier), they do not change what is asked.
+ * (`output_config.format` does: it is translated, and the rest of `output_config` dropped.)
  */
-const DROPPABLE = ['thinking', 'context_management', 'output_config', 'service_tier'];
+const DROPPABLE = ['thinking', 'context_management', 'service_tier'];
 
 type Message = Record<string, unknown>;
 
@@ -77,7 +78,25 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   }
   if (isObj(body.metadata) && typeof body.metadata.user_id === 'string') out.user = body.metadata.user_id;
   tools(body, out, names, drop);
+  outputConfig(body.output_config, out, drop);
   return { body: out, dropped, names };
+}
+
+/**
+ * Anthropic's structured output, `output_config.format` (a JSON schema), as chat's
+ * `response_format` (found in review: dropped with the rest of `output_config`, so the answer
+ * was not held to the schema); the rest (`effort`) tunes the call, and is dropped.
+ */
+function outputConfig(config: unknown, out: Record<string, unknown>, drop: (what: string) => void): void {
+  if (config === undefined || config === null) return;
+  if (!isObj(config)) refuse('output_config', '"output_config" must be an object.');
+  for (const field of Object.keys(config)) if (field !== 'format' && config[field] !== undefined && config[field] !== null) drop(`output_config.${field}`);
+  const format = config.format;
+  if (format === undefined || format === null) return;
+  if (!isObj(format) || format.type !== 'json_schema' || !isObj(format.schema)) {
+    refuse('output_config.format', '"output_config.format" must be a json_schema with its "schema".');
+  }
+  out.response_format = { type: 'json_schema', json_schema: { name: 'output', schema: format.schema, strict: true } };
 }
 
 function systemText(system: unknown, drop: (what: string) => void): string {

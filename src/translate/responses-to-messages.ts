@@ -3,7 +3,7 @@ import { isObj } from '../protocols/common.js';
 import { TextDelta } from '../protocols/messages/text-delta.js';
 import type { ParsedEvents } from '../providers/sse.js';
 import { anthropicEvent, argumentsObject, checkKnown, dataUrl, mergeUsage, refuse, shown, StreamEnded, textOf, toolId, toolName } from './common.js';
-import { sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
+import { outputFormat, sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
 /**
@@ -46,10 +46,6 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   if (body.background === true) refuse('background', '"background" has no equivalent on this model\'s provider.');
   if (typeof body.top_logprobs === 'number' && body.top_logprobs > 0) refuse('top_logprobs', '"top_logprobs" has no equivalent on this model\'s provider.');
   if (body.instructions !== undefined && body.instructions !== null && typeof body.instructions !== 'string') refuse('instructions', '"instructions" must be a string.');
-  if (isObj(body.text) && body.text.format !== undefined && body.text.format !== null && !isObj(body.text.format)) refuse('text.format', '"text.format" must be an object.');
-  if (isObj(body.text) && isObj(body.text.format) && body.text.format.type !== 'text') {
-    refuse('text.format', '"text.format" (JSON output) has no equivalent on this model\'s provider; describe the format in the prompt.');
-  }
   for (const field of DROPPABLE) if (body[field] !== undefined && body[field] !== null) drop(field);
   if (isObj(body.text) && body.text.verbosity !== undefined) drop('text.verbosity');
 
@@ -95,6 +91,7 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   const reasoning = isObj(body.reasoning) ? body.reasoning : {};
   if (reasoning.summary !== undefined && reasoning.summary !== null && (reasoning.effort === undefined || reasoning.effort === null)) drop('reasoning.summary');
   thinking(reasoning.effort, 'reasoning.effort', out);
+  if (isObj(body.text)) outputFormat(body.text.format, 'text.format', out);
   return { body: out, dropped, names };
 }
 
@@ -196,7 +193,7 @@ function responseObject(call: Translation, id: string, status: string, output: u
     incomplete_details: status === 'incomplete' ? { reason: 'max_output_tokens' } : null,
     instructions: b.instructions ?? null, max_output_tokens: b.max_output_tokens ?? null, model: call.model, output,
     parallel_tool_calls: b.parallel_tool_calls ?? true, previous_response_id: null, reasoning: { effort: null, summary: null },
-    store: false, temperature: b.temperature ?? 1, text: { format: { type: 'text' } }, tool_choice: b.tool_choice ?? 'auto',
+    store: false, temperature: b.temperature ?? 1, text: { format: isObj(b.text) && isObj(b.text.format) ? b.text.format : { type: 'text' } }, tool_choice: b.tool_choice ?? 'auto',
     tools: Array.isArray(b.tools) ? b.tools : [], top_p: b.top_p ?? 1, truncation: 'disabled', usage, user: null, metadata: {},
   };
 }

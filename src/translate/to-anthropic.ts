@@ -1,5 +1,5 @@
 import { isObj } from '../protocols/common.js';
-import { lookup, refuse, toolName } from './common.js';
+import { lookup, refuse, shown, toolName } from './common.js';
 
 /** What the OpenAI-style requests (Chat, Responses) share on their way to Anthropic's Messages. */
 
@@ -66,4 +66,21 @@ export function thinking(effort: unknown, param: string, out: Record<string, unk
   if (maxTokens <= 1024) refuse(param, `"${param}" needs an output limit above 1024 tokens on this model's provider.`);
   if (out.temperature !== undefined && out.temperature !== 1) refuse('temperature', `"temperature" must be 1 (or absent) with "${param}" on this model's provider.`);
   out.thinking = { type: 'enabled', budget_tokens: Math.min(budget, maxTokens - 1) };
+}
+
+/**
+ * OpenAI's structured output (`json_schema`: chat's `response_format.json_schema`, the Responses
+ * API's `text.format`) as Anthropic's, `output_config.format` (found in review: LangChain's and
+ * the AI SDK's default way to ask for an object was refused). JSON mode without a schema
+ * (`json_object`) has no equivalent there.
+ */
+export function outputFormat(format: unknown, param: string, out: Record<string, unknown>): void {
+  if (format === undefined || format === null) return;
+  if (!isObj(format)) refuse(param, `"${param}" must be an object.`);
+  if (format.type === 'text') return;
+  const schema = param === 'response_format' ? (isObj(format.json_schema) ? format.json_schema.schema : undefined) : format.schema;
+  if (format.type !== 'json_schema' || !isObj(schema)) {
+    refuse(param, `"${param}" ${format.type === 'json_object' ? '(JSON without a schema)' : shown(format.type)} has no equivalent on this model's provider: give a json_schema with its "schema".`);
+  }
+  out.output_config = { format: { type: 'json_schema', schema } };
 }

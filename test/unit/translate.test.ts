@@ -94,6 +94,15 @@ describe('chat client -> Anthropic provider', () => {
     assert.deepEqual(out.dropped, ['store', 'seed']);
   });
 
+  test('request: a JSON schema for the answer becomes Anthropic\'s output_config.format (found in review: refused, LangChain\'s and the AI SDK\'s way to ask for an object)', () => {
+    const schema = { type: 'object', properties: { name: { type: 'string' } }, required: ['name'], additionalProperties: false };
+    const body = { model: 'm', messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema', json_schema: { name: 'Person', strict: true, schema } } };
+    assert.deepEqual(chatToMessages.request(body, facts(body)).body.output_config, { format: { type: 'json_schema', schema } });
+    const text = { model: 'm', messages: [{ role: 'user', content: 'x' }], response_format: { type: 'text' } };
+    assert.equal(chatToMessages.request(text, facts(text)).body.output_config, undefined);
+    refused(chatToMessages, { model: 'm', messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema', json_schema: { name: 'x' } } }, 'response_format');
+  });
+
   test('request: what Anthropic cannot express is 400 naming the field', () => {
     const m = [{ role: 'user', content: 'x' }];
     refused(chatToMessages, { model: 'm', messages: m, n: 2 }, 'n');
@@ -213,7 +222,7 @@ describe('Anthropic client -> OpenAI provider', () => {
       ],
     };
     const { body: out, dropped } = messagesToChat.request(body, facts(body, { maxOutputTokens: 32000 }));
-    assert.deepEqual(new Set(dropped), new Set(['thinking', 'context_management', 'output_config', 'cache_control', 'defer_loading']));
+    assert.deepEqual(new Set(dropped), new Set(['thinking', 'context_management', 'output_config.effort', 'cache_control', 'defer_loading']));
     assert.deepEqual(out.messages, [
       { role: 'system', content: 'You are Claude Code.' },
       { role: 'system', content: 'A system note inside messages.' },
@@ -226,6 +235,15 @@ describe('Anthropic client -> OpenAI provider', () => {
     assert.deepEqual(out.stream_options, { include_usage: true });
     assert.deepEqual(out.tools, [{ type: 'function', function: { name: 'Bash', description: 'Run', parameters: { type: 'object', properties: { command: { type: 'string' } } } } }]);
     assert.deepEqual([out.tool_choice, out.parallel_tool_calls], ['auto', false]);
+  });
+
+  test('request: output_config.format (Anthropic\'s structured output) becomes response_format, held to the schema (found in review: dropped with output_config)', () => {
+    const schema = { type: 'object', properties: { name: { type: 'string' } }, required: ['name'], additionalProperties: false };
+    const body = { model: 'm', max_tokens: 100, messages: [{ role: 'user', content: 'x' }], output_config: { format: { type: 'json_schema', schema }, effort: 'low' } };
+    const { body: out, dropped } = messagesToChat.request(body, facts(body));
+    assert.deepEqual(out.response_format, { type: 'json_schema', json_schema: { name: 'output', schema, strict: true } });
+    assert.deepEqual(dropped, ['output_config.effort']);
+    refused(messagesToChat, { model: 'm', max_tokens: 100, messages: [{ role: 'user', content: 'x' }], output_config: { format: { type: 'json_schema' } } }, 'output_config.format');
   });
 
   test('request: tool_choice each way; what chat cannot express is 400 naming the field', () => {
@@ -393,6 +411,13 @@ describe('Responses client -> Anthropic provider', () => {
     // Another provider's reasoning cannot be given to Anthropic: dropped, and said so.
     const foreign = codexLike({ input: [{ type: 'reasoning', id: 'rs_x', summary: [], encrypted_content: 'gAAAA-openai' }, { type: 'message', role: 'user', content: 'hi' }] });
     assert.ok(responsesToMessages.request(foreign, facts(foreign, { maxOutputTokens: 8000 })).dropped.includes('reasoning'));
+  });
+
+  test('request: text.format json_schema becomes output_config.format, and the answer says the format it was asked', () => {
+    const schema = { type: 'object', properties: { name: { type: 'string' } }, required: ['name'], additionalProperties: false };
+    const body = { model: 'm', input: 'x', text: { format: { type: 'json_schema', name: 'Person', strict: true, schema } } };
+    assert.deepEqual(responsesToMessages.request(body, facts(body)).body.output_config, { format: { type: 'json_schema', schema } });
+    refused(responsesToMessages, { model: 'm', input: 'x', text: { format: { type: 'json_object' } } }, 'text.format');
   });
 
   test('request: what Anthropic cannot express is 400 naming the field', () => {
