@@ -19,6 +19,7 @@ import type { Provider } from './providers/types.js';
 import { Watchlist } from './providers/watchlist.js';
 import { Router } from './router.js';
 import { MemoryCooldowns, type Cooldowns } from './routing/cooldowns.js';
+import { ItemMemory } from './translate/item-memory.js';
 import { Credits } from './admin/credits.js';
 import { creditEntry, creditMarker } from './billing/entries.js';
 import { AdminConflict, AdminStore, cloneAdminState, overlay, type AdminState } from './admin/state.js';
@@ -59,6 +60,8 @@ export class Gateway implements RouteHost {
   readonly metrics: Metrics;
   /** Kept across reloads, like the limiter's counters (keyed by model and provider id). */
   readonly cooldowns: Cooldowns;
+  /** Items of translated Responses answers that later calls may refer to. */
+  readonly items: ItemMemory;
   readonly random: () => number;
   directory: Directory;
   providers: Map<string, Provider>;
@@ -83,6 +86,7 @@ export class Gateway implements RouteHost {
     this.limiter = options.limiter ?? new MemoryLimiter(this.clock);
     this.ledger = options.ledger ?? new MemoryLedger();
     this.cooldowns = options.cooldowns ?? new MemoryCooldowns(this.clock);
+    this.items = new ItemMemory(() => this.clock.now());
     this.random = options.random ?? Math.random;
     this.createdS = Math.floor(this.clock.now() / 1000);
     this.fileConfig = config;

@@ -122,7 +122,11 @@ function afterBody(
   if (outputProblem !== null) {
     return sendError(ctx, res, 'invalid_request', gw.done, { message: outputProblem.message, fields: { param: outputProblem.param } });
   }
-  const inputTokens = estimateInputTokens(call.body);
+  // A Responses call may refer to items of the gateway's own translated answers (the AI SDK's
+  // default, `store: true`): a translation takes them whole, and they count in the estimate.
+  const input = endpoint === 'responses' ? gw.items.resolve(key.account.id, call.body.input) : call.body.input;
+  const translatable = input === call.body.input ? call.body : { ...call.body, input };
+  const inputTokens = estimateInputTokens(translatable);
   if (inputTokens === null) {
     return sendError(ctx, res, 'invalid_request', gw.done, {
       message: `The request body nests deeper than ${MAX_DEPTH} levels.`, fields: { param: null },
@@ -143,7 +147,7 @@ function afterBody(
     const field = served.provider.outputLimitField;
     let same = 0;
     while (same < i && (deployments[same]!.model.provider.protocol !== protocol || deployments[same]!.model.provider.outputLimitField !== field)) same++;
-    const plan = same < i ? plans[same]! : planFor(protocol, wire, call, served, inputTokens, ctx.id, req.headers);
+    const plan = same < i ? plans[same]! : planFor(protocol, wire, call, translatable, served, inputTokens, ctx.id, req.headers);
     plans[i] = plan;
     if ('message' in plan) {
       excluded |= 1 << i;
@@ -186,7 +190,7 @@ function afterBody(
         if (plan.translated === null) return providers.get(deployment.model.provider.id)!.handle(ex);
         providers.get(deployment.model.provider.id)!.handle(new TranslatedCall(ex, plan.translator!, plan.translated, {
           model: model.id, maxOutputTokens: maxOutput, inputTokens, requestId: ctx.id, clientBody: call.body, names: plan.translated.names,
-          created: Math.floor(gw.clock.now() / 1000),
+          created: Math.floor(gw.clock.now() / 1000), remember: endpoint === 'responses' ? (output) => gw.items.remember(key.account.id, output) : undefined,
         }));
       } catch (err) {
         billed.crash(err);
@@ -216,9 +220,12 @@ interface Refusal {
   param: string | null;
 }
 
-/** The call as a provider of `protocol` takes it, or why it cannot (answered 400 before admission). */
+/**
+ * The call as a provider of `protocol` takes it, or why it cannot (answered 400 before
+ * admission): as it is, or `body` (the call's, its references to kept items resolved) translated.
+ */
 function planFor(
-  protocol: Protocol, wire: WireProtocol, call: CallRequest, model: ModelEntry, inputTokens: number, requestId: string,
+  protocol: Protocol, wire: WireProtocol, call: CallRequest, body: Record<string, unknown>, model: ModelEntry, inputTokens: number, requestId: string,
   headers: IncomingHttpHeaders,
 ): Plan | Refusal {
   if (protocol === 'mock') return AS_IT_IS;
@@ -228,7 +235,7 @@ function planFor(
     return { message: `The model "${call.model}" is served over the ${protocol} protocol, which has no ${wire.path}; use ${servedPaths(protocol)}.`, param: 'model' };
   }
   try {
-    const translated = translator.request(call.body, {
+    const translated = translator.request(body, {
       model: model.id, maxOutputTokens: call.maxTokens ?? model.maxOutputTokens, inputTokens, requestId, clientBody: call.body,
       outputLimitField: model.provider.outputLimitField,
     });

@@ -10,6 +10,7 @@ import type { Ledger } from '../ledger/types.js';
 import type { Rejection } from '../limiter/types.js';
 import type { Provider } from '../providers/types.js';
 import type { RoutingHost } from '../routing/routed-call.js';
+import type { ItemMemory } from '../translate/item-memory.js';
 
 /**
  * What the routes use of the gateway: its state (config, directory, stores, providers), the
@@ -27,6 +28,8 @@ export interface RouteHost extends CallHost, RoutingHost {
   readonly countBodies: BodyBudget;
   readonly admin: AdminStore;
   readonly credits: Credits;
+  /** Items of translated Responses answers that later calls may refer to. */
+  readonly items: ItemMemory;
   /** Runs `then` once the limiter admits (a value or a promise); a denial is answered. */
   admit<T extends { ok: true }>(ctx: RequestContext, res: ServerResponse, answer: T | Rejection | Promise<T | Rejection>, then: (admitted: T) => void): void;
   /** Runs `then` with a value or a promise's; a failure is answered through `fault`. */

@@ -233,6 +233,7 @@ function answer(json: Record<string, unknown>, call: Translation): Record<string
   }
   flush();
   const status = json.stop_reason === 'max_tokens' ? 'incomplete' : 'completed';
+  call.remember?.(output);
   return responseObject(call, `resp_${String(json.id)}`, status, output, responsesUsage(json.usage));
 }
 
@@ -257,6 +258,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
     if (done) return '';
     done = true;
     const status = stop === 'max_tokens' ? 'incomplete' : 'completed';
+    call.remember?.(output);
     return start() + emit(`response.${status}`, { response: responseObject(call, id, status, output, responsesUsage(usage)) });
   };
   return (ev) => {

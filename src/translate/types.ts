@@ -31,6 +31,8 @@ export interface Translation extends CallFacts {
   readonly names: Map<string, string>;
   /** The answer's `created` (Unix seconds), fixed once per call. */
   readonly created: number;
+  /** Given a finished Responses answer's output items, which later calls may refer to (ItemMemory). */
+  readonly remember?: (output: readonly unknown[]) => void;
 }
 
 /**

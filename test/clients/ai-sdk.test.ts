@@ -25,7 +25,9 @@ interface Ai {
   generateText(options: Record<string, unknown>): Promise<{ text: string; usage: { inputTokens?: number; outputTokens?: number } }>;
   streamText(options: Record<string, unknown>): {
     textStream: AsyncIterable<string>; usage: Promise<{ inputTokens?: number; outputTokens?: number }>; toolCalls: Promise<Array<{ toolName: string; input: unknown }>>;
+    text: Promise<string>;
   };
+  stepCountIs(n: number): unknown;
   jsonSchema(schema: Record<string, unknown>): unknown;
   tool(definition: Record<string, unknown>): unknown;
 }
@@ -146,5 +148,29 @@ describe(`Vercel AI SDK (${PACKAGES.slice(0, 3).join(', ')})`, () => {
     assert.equal(up.seen.at(-1)!.path, '/v1/messages');
     const charges = entriesOf(gw, 'acct_ai').slice(before).map((e) => [e.amountMicro, e.inputTokens, e.outputTokens, e.estimated]);
     assert.deepEqual(charges, [[-(400 * 1 + 600 * 0.5 + 22 * 2), 1000, 22, false]]);
+  });
+
+  test('a multi-step tool loop on an Anthropic model, as the AI SDK sends it by default (store: true: earlier steps by item_reference)', async (t) => {
+    if ('skip' in installed) return t.skip(installed.skip);
+    // Found in review: the second step referred to the first step's message by id, which only the gateway that translated it knows; it was 400.
+    up.queue.push(
+      anthropicBlocks([{ text: 'Checking the weather.' }, { tool: { id: 'toolu_ai2', name: 'get_weather', input: { city: 'Lima' } } }], { input: 40, output: 12 }),
+      anthropicBlocks([{ text: 'Sunny in Lima.' }], { input: 60, output: 5 }),
+    );
+    const result = ai.streamText({
+      model: openai('claude-r'), prompt: 'Weather in Lima?', maxRetries: 0, stopWhen: ai.stepCountIs(2),
+      tools: {
+        get_weather: ai.tool({
+          description: 'the weather', inputSchema: ai.jsonSchema({ type: 'object', properties: { city: { type: 'string' } }, required: ['city'] }),
+          execute: async () => 'sunny',
+        }),
+      },
+    });
+    assert.equal(await result.text, 'Sunny in Lima.');
+    assert.deepEqual(await lastPaths(2), ['200 /v1/responses', '200 /v1/responses']);
+    // The second step reached Anthropic whole: the first step's words, its tool call, and the result.
+    const messages = up.seen.at(-1)!.body.messages as Array<{ role: string; content: Array<Record<string, unknown>> }>;
+    assert.deepEqual(messages.map((m) => [m.role, m.content.map((b) => b.type)]), [['user', ['text']], ['assistant', ['text', 'tool_use']], ['user', ['tool_result']]]);
+    assert.equal(messages[1]!.content[0]!.text, 'Checking the weather.');
   });
 });
