@@ -142,10 +142,13 @@ export class BilledCall implements Exchange {
   /** The call is now on this deployment (a routed call's attempt). */
   serve(model: ModelEntry): void {
     this.model = model;
-    // What the provider left counts only there (found in review: a deployment that counted
-    // 9,000,000 tokens and then failed set the charge of the call another one served).
-    this.countedInput = 0;
-    this.unreportedInput = 0;
+    // What a deployment that refused the call counted counts only there (found in review: one
+    // that counted 9,000,000 tokens and then failed set the charge of the call another served).
+    // One that had the whole request may bill it: its count stays (review of that fix).
+    if (!this.delivered) {
+      this.countedInput = 0;
+      this.unreportedInput = 0;
+    }
   }
 
   head(status: number, contentType: string, extra: string[] = []): void {

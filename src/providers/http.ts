@@ -205,13 +205,15 @@ export class HttpProvider implements Provider {
     const headers = this.kind.count.endpoint === 'messages' ? this.kind.headers(passed ? (name) => request.header(name) : () => undefined) : [];
     this.ask(this.countTarget, JSON.stringify(upstream), request.requestId, headers, this.takeKey(), this.config.timeoutMs, request.attempts, request.onAbort, (outcome) => {
       if (outcome.kind === 'timeout') {
-        return request.unavailable('upstream_timeout', {
+        return request.unavailable(() => request.fail('upstream_timeout', {
           // Still waiting for one of the counts' connections: the gateway's own queue took the time.
           message: outcome.queued ? `No connection to the provider came free within ${this.config.timeoutMs} ms (the gateway's connections for token counts are all busy).`
             : `The provider did not answer within ${this.config.timeoutMs} ms.`,
-        });
+        }));
       }
-      if (outcome.kind === 'unreachable') return request.unavailable('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
+      if (outcome.kind === 'unreachable') {
+        return request.unavailable(() => request.fail('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` }));
+      }
       const { status, answer, complete } = outcome;
       if (status >= 200 && status < 300 && complete) {
         const counted = inputTokensIn(answer);
@@ -222,7 +224,10 @@ export class HttpProvider implements Provider {
         return request.noCount(`The model "${request.model.id}" cannot count tokens: its provider's server has no ${this.kind.count.path} (it answered ${status}).`);
       }
       // What a routed call fails over on moves the count on too (a refusal of the request is its answer).
-      failAsAnswered(refusedRequest(status) ? request : { fail: request.unavailable, failWith: request.failWith }, status, answer, outcome.waitMs);
+      failAsAnswered(refusedRequest(status) ? request : {
+        fail: (code, details) => request.unavailable(() => request.fail(code, details)),
+        failWith: (code, spec, message) => request.unavailable(() => request.failWith(code, spec, message)), // a 408
+      }, status, answer, outcome.waitMs);
     });
   }
 

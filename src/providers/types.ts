@@ -158,9 +158,9 @@ export interface CountRequest {
   noCount(message: string): void;
   /**
    * The provider failed as a routed call fails over (no connection, a timeout, 408, 429, 5xx,
-   * 529): another deployment may be asked, else this is the answer.
+   * 529): another deployment may be asked, else `answer` gives this failure as the answer.
    */
-  unavailable(code: ErrorCode, details?: ErrorDetails): void;
+  unavailable(answer: () => void): void;
 }
 
 export interface Provider {

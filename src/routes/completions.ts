@@ -2,7 +2,7 @@ import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:
 import { BilledCall } from '../billing/call.js';
 import { bodyRefusal, type BodyResult, readBody, takeBody } from '../http/body.js';
 import { bodyShapeProblem } from '../http/body-shape.js';
-import type { RequestContext } from '../http/context.js';
+import { newRequestId, type RequestContext } from '../http/context.js';
 import { sendError } from '../http/reply.js';
 import { costMicro, MAX_TOKENS, type Price } from '../money.js';
 import { audioInputEstimate, estimateInputTokens, MAX_DEPTH, searchesAllowed } from '../billing/estimate.js';
@@ -124,7 +124,7 @@ function afterBody(
   }
   // A Responses call may refer to items of the gateway's own translated answers (the AI SDK's
   // default, `store: true`): a translation takes them whole, and they count in the estimate.
-  const input = endpoint === 'responses' ? gw.items.resolve(key.account.id, call.body.input) : call.body.input;
+  const input = endpoint === 'responses' ? gw.items.resolve(key.id, call.body.input, gw.config.server.maxBodyBytes) : call.body.input;
   const translatable = input === call.body.input ? call.body : { ...call.body, input };
   const inputTokens = estimateInputTokens(translatable);
   if (inputTokens === null) {
@@ -190,7 +190,9 @@ function afterBody(
         if (plan.translated === null) return providers.get(deployment.model.provider.id)!.handle(ex);
         providers.get(deployment.model.provider.id)!.handle(new TranslatedCall(ex, plan.translator!, plan.translated, {
           model: model.id, maxOutputTokens: maxOutput, inputTokens, requestId: ctx.id, clientBody: call.body, names: plan.translated.names,
-          created: Math.floor(gw.clock.now() / 1000), remember: endpoint === 'responses' ? (output) => gw.items.remember(key.account.id, output) : undefined,
+          created: Math.floor(gw.clock.now() / 1000), itemPrefix: newRequestId(),
+          // Kept for later calls that refer to them, unless the client said it stores nothing (Codex).
+          remember: endpoint === 'responses' && call.body.store !== false ? (output) => gw.items.remember(key.id, output) : undefined,
         }));
       } catch (err) {
         billed.crash(err);

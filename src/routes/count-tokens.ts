@@ -95,7 +95,10 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
       // refuses is the request's 400 before admission (CONTRACT section 4: a rejected request
       // consumes nothing; found in review: it used up an RPM count).
       const candidates = countingCandidates(gw, model);
-      const first = countingDeployment(candidates, 0, endpoint, b, ctx.id);
+      // References to the gateway's own translated answers, put back whole as the call's are (found in review: the call took them, its count refused them).
+      const input = endpoint === 'responses' ? gw.items.resolve(key.id, b.input, gw.config.server.maxBodyBytes) : b.input;
+      const bodies: CountBodies = { client: b, translatable: input === b.input ? b : { ...b, input } };
+      const first = countingDeployment(candidates, 0, endpoint, bodies, ctx.id);
       if (first instanceof Untranslatable) {
         return sendError(ctx, res, 'invalid_request', gw.done, { message: first.message, fields: { param: first.param } });
       }
@@ -125,18 +128,24 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         const passOn = (counting: Counting, attempt: boolean, otherwise: () => void): void => {
           if (over) return;
           try {
-            const next = attempt && attempts >= gw.config.routing.maxAttempts ? null : countingDeployment(candidates, counting.index + 1, endpoint, b, ctx.id);
+            const next = attempt && attempts >= gw.config.routing.maxAttempts ? null : countingDeployment(candidates, counting.index + 1, endpoint, bodies, ctx.id);
             if (next instanceof Untranslatable || next === null) return otherwise();
             ask(next);
           } catch (err) {
             if (end()) gw.fault(ctx, res, err); // runs from a socket's events: a bug fails this count, never the process
           }
         };
+        const lastFor = (counting: Counting): boolean => {
+          const next = countingDeployment(candidates, counting.index + 1, endpoint, bodies, ctx.id);
+          return next === null || next instanceof Untranslatable;
+        };
         const ask = (counting: Counting): void => {
           attempts++;
           const request: CountRequest = {
             endpoint, body: b, upstream: counting.upstream, model: counting.deployment, requestId: ctx.id,
-            attempts: candidates.length > 1 ? 1 : gw.config.routing.maxAttempts,
+            // Section 6's retries where no other deployment can take the count (found in review: a
+            // routed model's one usable deployment had one attempt), the attempts left in all.
+            attempts: lastFor(counting) ? Math.max(1, gw.config.routing.maxAttempts - attempts + 1) : 1,
             header: (name) => {
               const value = req.headers[name];
               return Array.isArray(value) ? value[0] : value;
@@ -156,7 +165,7 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
             noCount: (message) => passOn(counting, false, () => request.fail('invalid_request', { message, fields: { param: 'model' } })),
             // It failed as a routed call fails over: the next is asked, up to `routing.maxAttempts`
             // counts in all, else this failure is the answer. Nothing cools down: a count is not a call.
-            unavailable: (code, details) => passOn(counting, true, () => request.fail(code, details)),
+            unavailable: (answer) => passOn(counting, true, answer),
           };
           try {
             counting.provider.countTokens(request);
@@ -207,18 +216,24 @@ interface Candidate {
  * Anthropic deployment could count it); when every one refuses, the first refusal, or null when
  * none is left.
  */
+/** A count's body as the client sent it (passed through), and with its references resolved (translated). */
+interface CountBodies {
+  readonly client: Record<string, unknown>;
+  readonly translatable: Record<string, unknown>;
+}
+
 function countingDeployment(
-  candidates: readonly Candidate[], from: number, endpoint: CountEndpoint, body: Record<string, unknown>, requestId: string,
+  candidates: readonly Candidate[], from: number, endpoint: CountEndpoint, bodies: CountBodies, requestId: string,
 ): Counting | Untranslatable | null {
   let refused: Untranslatable | null = null;
   for (let index = from; index < candidates.length; index++) {
     const { deployment, provider } = candidates[index]!;
     // Its own count (the mock counts either): passed through.
-    if (provider.countsAs === null || provider.countsAs === endpoint) return { deployment, provider, upstream: body, index };
+    if (provider.countsAs === null || provider.countsAs === endpoint) return { deployment, provider, upstream: bodies.client, index };
     try {
       return {
-        deployment, provider, index, upstream: countBodyFor(endpoint, body, {
-          model: deployment.id, maxOutputTokens: deployment.maxOutputTokens, inputTokens: 0, requestId, clientBody: body,
+        deployment, provider, index, upstream: countBodyFor(endpoint, bodies.translatable, {
+          model: deployment.id, maxOutputTokens: deployment.maxOutputTokens, inputTokens: 0, requestId, clientBody: bodies.client,
           outputLimitField: deployment.provider.outputLimitField,
         }),
       };

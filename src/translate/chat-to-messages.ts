@@ -74,7 +74,7 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   sampling(body, out);
   tools(body, out, names, dropped);
   thinking(body.reasoning_effort, 'reasoning_effort', out);
-  outputFormat(body.response_format, 'response_format', out);
+  outputFormat(body.response_format, 'response_format', out, dropped);
   return { body: out, dropped, names };
 }
 

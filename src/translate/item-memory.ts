@@ -1,75 +1,124 @@
 import { isObj } from '../protocols/common.js';
 
+/** An item kept, what it is counted as, and when it was kept. */
+interface Kept {
+  readonly item: Record<string, unknown>;
+  readonly bytes: number;
+  readonly at: number;
+}
+
+/** What a kept item is counted as: its JSON twice (a string's and an object's heap), and a map entry (found in review: 174,000 small items took 71 MB for 32 MiB). */
+const weigh = (item: Record<string, unknown>): number => 2 * JSON.stringify(item).length + 256;
+
 /**
  * The assistant messages and reasoning items of translated Responses answers (a model on an
- * Anthropic provider), kept so that a later call may refer to them by id. The AI SDK's OpenAI
- * provider stores responses by default (`store: true`) and sends back its earlier steps as
- * `item_reference` items, which only the server that answered can resolve: OpenAI for its own
- * answers, the gateway for the ones it translated (found in review: every multi-step tool loop
- * on a Claude model failed at its second step). Kept per account (another account's id is
- * unknown), in this process only, the least recently used dropped first past `maxBytes`, and
- * for at most `ttlMs`.
+ * Anthropic provider) that a later call may refer to by id. The AI SDK's OpenAI provider stores
+ * responses by default (`store: true`) and sends its earlier steps back as `item_reference`
+ * items, which only the server that answered can resolve: OpenAI its own answers, the gateway
+ * those it translated (found in review: every multi-step tool loop on a Claude model failed at
+ * its second step). Kept per API key (another key's items are unknown to it, found in review),
+ * in this process only, for at most `ttlMs`, each key's least recently used dropped past
+ * `maxBytesPerKey`, and the least recently used key's past `maxBytes` in all.
  */
 export class ItemMemory {
-  private readonly items = new Map<string, { item: Record<string, unknown>; bytes: number; at: number }>();
+  /** Per key, its items; both maps in order of use, least recent first. */
+  private readonly keys = new Map<string, Map<string, Kept>>();
+  private readonly perKey = new Map<string, number>();
   private bytes = 0;
 
-  constructor(private readonly now: () => number, readonly maxBytes = 32 * 1024 * 1024, readonly ttlMs = 3_600_000) {}
+  constructor(
+    private readonly now: () => number,
+    readonly maxBytes = 32 * 1024 * 1024,
+    readonly maxBytesPerKey = 4 * 1024 * 1024,
+    readonly ttlMs = 3_600_000,
+  ) {}
 
-  /** Keeps the items of a finished answer that a later call may refer to. */
-  remember(accountId: string, output: readonly unknown[]): void {
+  /** Keeps the items of a finished answer that a later call of `keyId` may refer to. */
+  remember(keyId: string, output: readonly unknown[]): void {
     for (const item of output) {
       if (!isObj(item) || typeof item.id !== 'string' || (item.type !== 'message' && item.type !== 'reasoning')) continue;
-      const key = `${accountId}\n${item.id}`;
-      const bytes = key.length + JSON.stringify(item).length;
-      if (bytes > this.maxBytes) continue;
-      this.forget(key);
-      this.items.set(key, { item, bytes, at: this.now() });
+      const bytes = weigh(item);
+      if (bytes > this.maxBytesPerKey) continue;
+      let items = this.keys.get(keyId);
+      if (items === undefined) {
+        items = new Map();
+        this.perKey.set(keyId, 0);
+      } else {
+        this.keys.delete(keyId); // now the most recently used key
+        this.drop(keyId, items, item.id);
+      }
+      this.keys.set(keyId, items);
+      items.set(item.id, { item, bytes, at: this.now() });
+      this.perKey.set(keyId, this.perKey.get(keyId)! + bytes);
       this.bytes += bytes;
+      for (const id of items.keys()) {
+        if (this.perKey.get(keyId)! <= this.maxBytesPerKey) break;
+        this.drop(keyId, items, id);
+      }
     }
-    // Oldest first (a Map keeps the order of insertion; a recall moves its item last).
-    for (const key of this.items.keys()) {
+    for (const [keyId, items] of this.keys) {
       if (this.bytes <= this.maxBytes) break;
-      this.forget(key);
+      for (const id of items.keys()) {
+        if (this.bytes <= this.maxBytes) break;
+        this.drop(keyId, items, id);
+      }
+      if (items.size === 0) this.forgetKey(keyId);
     }
-  }
-
-  /** The item `id` of this account's answers, if it is still kept. */
-  recall(accountId: string, id: string): Record<string, unknown> | undefined {
-    const key = `${accountId}\n${id}`;
-    const kept = this.items.get(key);
-    if (kept === undefined) return undefined;
-    this.items.delete(key);
-    if (this.now() - kept.at > this.ttlMs) {
-      this.bytes -= kept.bytes;
-      return undefined;
-    }
-    this.items.set(key, kept);
-    return kept.item;
   }
 
   /**
-   * A Responses call's input with the references this account's kept items resolve put back
-   * whole (`item_reference`, or an item of an `id` alone); the same array when none does.
+   * A Responses call's input with the references to this key's kept items (`item_reference`, or
+   * an item of an `id` alone) put back whole; the same array when none is. Each item is put back
+   * once, and no more than `budget` bytes of them (found in review: 2,000 references to one
+   * 200 KB answer in a 98 KB body built a 400 MB request): a reference past that stays, and is
+   * refused as any other the provider cannot take.
    */
-  resolve(accountId: string, input: unknown): unknown {
-    if (!Array.isArray(input) || this.items.size === 0) return input;
+  resolve(keyId: string, input: unknown, budget: number): unknown {
+    if (!Array.isArray(input)) return input;
+    const items = this.keys.get(keyId);
+    if (items === undefined) return input;
     let out: unknown[] | null = null;
+    let used = 0;
+    const seen = new Set<string>();
     for (let i = 0; i < input.length; i++) {
-      const item = input[i];
-      const id = isObj(item) && (item.type === 'item_reference' || (item.type === undefined && item.role === undefined)) ? item.id : undefined;
-      const kept = typeof id === 'string' ? this.recall(accountId, id) : undefined;
-      if (kept === undefined) continue;
+      const ref = input[i];
+      const id = isObj(ref) && (ref.type === 'item_reference' || (ref.type === undefined && ref.role === undefined)) ? ref.id : undefined;
+      if (typeof id !== 'string' || seen.has(id)) continue;
+      seen.add(id);
+      const kept = this.recall(keyId, items, id);
+      if (kept === undefined || used + kept.bytes > budget) continue;
+      used += kept.bytes;
       out ??= input.slice();
-      out[i] = kept;
+      out[i] = kept.item;
     }
     return out ?? input;
   }
 
-  private forget(key: string): void {
-    const kept = this.items.get(key);
+  /** This key's item `id`, if it is kept and not too old (then the most recently used). */
+  private recall(keyId: string, items: Map<string, Kept>, id: string): Kept | undefined {
+    const kept = items.get(id);
+    if (kept === undefined) return undefined;
+    items.delete(id);
+    if (this.now() - kept.at > this.ttlMs) {
+      this.perKey.set(keyId, this.perKey.get(keyId)! - kept.bytes);
+      this.bytes -= kept.bytes;
+      if (items.size === 0) this.forgetKey(keyId);
+      return undefined;
+    }
+    items.set(id, kept);
+    return kept;
+  }
+
+  private drop(keyId: string, items: Map<string, Kept>, id: string): void {
+    const kept = items.get(id);
     if (kept === undefined) return;
-    this.items.delete(key);
+    items.delete(id);
+    this.perKey.set(keyId, this.perKey.get(keyId)! - kept.bytes);
     this.bytes -= kept.bytes;
+  }
+
+  private forgetKey(keyId: string): void {
+    this.keys.delete(keyId);
+    this.perKey.delete(keyId);
   }
 }

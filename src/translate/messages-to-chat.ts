@@ -96,7 +96,25 @@ function outputConfig(config: unknown, out: Record<string, unknown>, drop: (what
   if (!isObj(format) || format.type !== 'json_schema' || !isObj(format.schema)) {
     refuse('output_config.format', '"output_config.format" must be a json_schema with its "schema".');
   }
-  out.response_format = { type: 'json_schema', json_schema: { name: 'output', schema: format.schema, strict: true } };
+  out.response_format = { type: 'json_schema', json_schema: { name: 'output', schema: format.schema, strict: strictable(format.schema, 0) } };
+}
+
+/**
+ * Whether OpenAI's strict mode takes a schema: every object in it lists all its properties as
+ * required and allows no others. Anthropic's takes optional properties; such a schema goes not
+ * strict (found in review: strict, OpenAI refused it), as a request the model is asked to follow.
+ */
+function strictable(schema: unknown, depth: number): boolean {
+  if (depth > 64) return false;
+  if (Array.isArray(schema)) return schema.every((s) => strictable(s, depth + 1));
+  if (!isObj(schema)) return true;
+  if (schema.type === 'object' || isObj(schema.properties)) {
+    if (schema.additionalProperties !== false) return false;
+    const required = Array.isArray(schema.required) ? schema.required : [];
+    if (isObj(schema.properties) && !Object.keys(schema.properties).every((p) => required.includes(p))) return false;
+  }
+  for (const value of Object.values(schema)) if (typeof value === 'object' && value !== null && !strictable(value, depth + 1)) return false;
+  return true;
 }
 
 function systemText(system: unknown, drop: (what: string) => void): string {

@@ -91,7 +91,7 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   const reasoning = isObj(body.reasoning) ? body.reasoning : {};
   if (reasoning.summary !== undefined && reasoning.summary !== null && (reasoning.effort === undefined || reasoning.effort === null)) drop('reasoning.summary');
   thinking(reasoning.effort, 'reasoning.effort', out);
-  if (isObj(body.text)) outputFormat(body.text.format, 'text.format', out);
+  if (isObj(body.text)) outputFormat(body.text.format, 'text.format', out, dropped);
   return { body: out, dropped, names };
 }
 
@@ -214,7 +214,7 @@ function answer(json: Record<string, unknown>, call: Translation): Record<string
   let parts: unknown[] = [];
   const flush = () => {
     if (parts.length === 0) return;
-    output.push({ type: 'message', id: `msg_${call.requestId}_${output.length}`, status: 'completed', role: 'assistant', content: parts });
+    output.push({ type: 'message', id: `msg_${call.itemPrefix}_${output.length}`, status: 'completed', role: 'assistant', content: parts });
     parts = [];
   };
   for (const block of Array.isArray(json.content) ? json.content : []) {
@@ -222,11 +222,11 @@ function answer(json: Record<string, unknown>, call: Translation): Record<string
     if (block.type === 'text' && typeof block.text === 'string') parts.push({ type: 'output_text', text: block.text, annotations: [] });
     else if (block.type === 'tool_use') {
       flush();
-      output.push(functionCall(`fc_${call.requestId}_${output.length}`, String(block.id), String(block.name), JSON.stringify(block.input ?? {}), call.names, 'completed'));
+      output.push(functionCall(`fc_${call.itemPrefix}_${output.length}`, String(block.id), String(block.name), JSON.stringify(block.input ?? {}), call.names, 'completed'));
     } else if (block.type === 'thinking' && typeof block.thinking === 'string') {
       flush();
       output.push({
-        type: 'reasoning', id: `rs_${call.requestId}_${output.length}`, summary: [{ type: 'summary_text', text: block.thinking }],
+        type: 'reasoning', id: `rs_${call.itemPrefix}_${output.length}`, summary: [{ type: 'summary_text', text: block.thinking }],
         encrypted_content: encodeThinking(block.thinking, String(block.signature ?? '')),
       });
     }
@@ -290,14 +290,14 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
         let item: Record<string, unknown>;
         let out = start();
         if (block.type === 'text') {
-          item = { type: 'message', id: `msg_${call.requestId}_${index}`, status: 'in_progress', role: 'assistant', content: [] };
+          item = { type: 'message', id: `msg_${call.itemPrefix}_${index}`, status: 'in_progress', role: 'assistant', content: [] };
           out += emit('response.output_item.added', { output_index: index, item });
           out += emit('response.content_part.added', { item_id: item.id, output_index: index, content_index: 0, part: { type: 'output_text', text: '', annotations: [] } });
         } else if (block.type === 'tool_use') {
-          item = functionCall(`fc_${call.requestId}_${index}`, String(block.id), String(block.name), '', call.names, 'in_progress');
+          item = functionCall(`fc_${call.itemPrefix}_${index}`, String(block.id), String(block.name), '', call.names, 'in_progress');
           out += emit('response.output_item.added', { output_index: index, item });
         } else if (block.type === 'thinking') {
-          item = { type: 'reasoning', id: `rs_${call.requestId}_${index}`, summary: [] };
+          item = { type: 'reasoning', id: `rs_${call.itemPrefix}_${index}`, summary: [] };
           out += emit('response.output_item.added', { output_index: index, item });
           out += emit('response.reasoning_summary_part.added', { item_id: item.id, output_index: index, summary_index: 0, part: { type: 'summary_text', text: '' } });
         } else return out; // server tool blocks and their results: the model's own business

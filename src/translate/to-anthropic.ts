@@ -74,13 +74,16 @@ export function thinking(effort: unknown, param: string, out: Record<string, unk
  * the AI SDK's default way to ask for an object was refused). JSON mode without a schema
  * (`json_object`) has no equivalent there.
  */
-export function outputFormat(format: unknown, param: string, out: Record<string, unknown>): void {
+export function outputFormat(format: unknown, param: string, out: Record<string, unknown>, dropped: string[]): void {
   if (format === undefined || format === null) return;
   if (!isObj(format)) refuse(param, `"${param}" must be an object.`);
   if (format.type === 'text') return;
-  const schema = param === 'response_format' ? (isObj(format.json_schema) ? format.json_schema.schema : undefined) : format.schema;
-  if (format.type !== 'json_schema' || !isObj(schema)) {
+  const chat = param === 'response_format';
+  const spec = chat ? (isObj(format.json_schema) ? format.json_schema : {}) : format;
+  if (format.type !== 'json_schema' || !isObj(spec.schema)) {
     refuse(param, `"${param}" ${format.type === 'json_object' ? '(JSON without a schema)' : shown(format.type)} has no equivalent on this model's provider: give a json_schema with its "schema".`);
   }
-  out.output_config = { format: { type: 'json_schema', schema } };
+  // Anthropic's format has no description (found in review: it went unnamed).
+  if (typeof spec.description === 'string' && spec.description !== '') dropped.push(chat ? 'response_format.json_schema.description' : 'text.format.description');
+  out.output_config = { format: { type: 'json_schema', schema: spec.schema } };
 }

@@ -33,6 +33,8 @@ export interface Translation extends CallFacts {
   readonly created: number;
   /** Given a finished Responses answer's output items, which later calls may refer to (ItemMemory). */
   readonly remember?: (output: readonly unknown[]) => void;
+  /** What the answer's item ids are made of: the gateway's own (a client's `x-request-id` may be reused: found in review). */
+  readonly itemPrefix: string;
 }
 
 /**

@@ -316,9 +316,16 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
     assert.equal(res.status, 200);
     assert.deepEqual(await res.json(), { input_tokens: 21 });
     assert.deepEqual([b.seen.at(-1)!.path, a.seen.at(-1)!.path], ['/v1/responses/input_tokens', '/v1/messages/count_tokens']);
-    // Every one failing: the last failure is the answer.
+    // A 408 too (review of that change: it was taken for the request's own answer).
+    b.queue.push(status(408));
+    a.queue.push((_req, res2) => json(res2, 200, { input_tokens: 22 }));
+    res = await count();
+    assert.equal(res.status, 200);
+    assert.deepEqual(await res.json(), { input_tokens: 22 });
+    // Every one failing: the last failure is the answer. The last deployment that can count gets
+    // section 6's retries with the attempts left (review of that change: a routed count had one).
     b.queue.push(status(500));
-    a.queue.push(status(529));
+    a.queue.push(status(529), status(529));
     res = await count();
     assert.equal(res.status, 503);
     assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'upstream_overloaded');

@@ -29,7 +29,7 @@ describe('translation through the official SDKs', () => {
     gw = await startGateway(testConfig({
       plans: { p: { rpm: 1000, concurrency: 10 } },
       accounts: { acct_t: { plan: 'p' } },
-      keys: { key_t: { account: 'acct_t', key: 'sk-translate' } },
+      keys: { key_t: { account: 'acct_t', key: 'sk-translate' }, key_t2: { account: 'acct_t', key: 'sk-translate-2' } },
       models: {
         'claude-t': { provider: 'ant', upstreamModel: 'claude-upstream', price: PRICE },
         'gpt-t': { provider: 'oai', upstreamModel: 'gpt-upstream', price: PRICE },
@@ -240,6 +240,30 @@ describe('translation through the official SDKs', () => {
     assert.equal(final.usage?.input_tokens, 2620);
     await until(() => entriesOf(gw, 'acct_t').length === before + 1, 2000, 'the charge');
     assert.deepEqual([lastCharge().amountMicro, lastCharge().estimated], [-(472 + 1024 + 400 + 178), false]);
+  });
+
+  test('a reference to an item of an earlier translated answer is put back whole, in the call and in its count; not for another key (found in review)', async () => {
+    up.queue.push((_req, res) => json(res, 200, {
+      id: 'msg_up9', type: 'message', role: 'assistant', model: 'claude-upstream', stop_reason: 'end_turn', stop_sequence: null,
+      content: [{ type: 'text', text: 'The first answer.' }], usage: { input_tokens: 10, output_tokens: 4 },
+    }));
+    // A client's x-request-id does not make the ids: another call reusing it gets ids of its own.
+    const first = await openai.responses.create({ model: 'claude-t', input: 'hi' }, { headers: { 'x-request-id': 'sess-42' } });
+    const id = first.output[0]!.id!;
+    assert.doesNotMatch(id, /sess-42/);
+    const input = [{ role: 'user' as const, content: 'hi' }, { type: 'item_reference' as const, id }, { role: 'user' as const, content: 'and?' }];
+    up.queue.push((_req, res) => json(res, 200, { input_tokens: 33 }));
+    const counted = await openai.responses.inputTokens.count({ model: 'claude-t', input });
+    assert.equal(counted.input_tokens, 33);
+    const sent = up.seen.at(-1)!.body.messages as Array<{ role: string; content: unknown }>;
+    assert.deepEqual(sent.map((m) => m.role), ['user', 'assistant', 'user']);
+    assert.match(JSON.stringify(sent[1]), /The first answer\./);
+    // Another key of the same account does not know it.
+    const other = await fetch(`${gw.url}/v1/responses`, {
+      method: 'POST', headers: { authorization: 'Bearer sk-translate-2', 'content-type': 'application/json' }, body: JSON.stringify({ model: 'claude-t', input }),
+    });
+    assert.equal(other.status, 400);
+    assert.match(await other.text(), /item_reference/);
   });
 
   test('a provider answer too deeply nested to rebuild is 502 for the client, charged once, and the gateway lives on', async () => {

@@ -25,7 +25,7 @@ function facts(clientBody: Record<string, unknown>, extra: Partial<CallFacts> = 
 
 function translation(t: Translator, clientBody: Record<string, unknown>): Translation {
   const request = t.request(clientBody, facts(clientBody));
-  return { ...facts(clientBody), names: request.names, created: 1_730_000_000 };
+  return { ...facts(clientBody), names: request.names, created: 1_730_000_000, itemPrefix: 'req_1' };
 }
 
 function refused(t: Translator, body: Record<string, unknown>, param: string): void {
@@ -98,6 +98,8 @@ describe('chat client -> Anthropic provider', () => {
     const schema = { type: 'object', properties: { name: { type: 'string' } }, required: ['name'], additionalProperties: false };
     const body = { model: 'm', messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema', json_schema: { name: 'Person', strict: true, schema } } };
     assert.deepEqual(chatToMessages.request(body, facts(body)).body.output_config, { format: { type: 'json_schema', schema } });
+    const described = { ...body, response_format: { type: 'json_schema', json_schema: { name: 'Person', description: 'a person', schema } } };
+    assert.deepEqual(chatToMessages.request(described, facts(described)).dropped, ['response_format.json_schema.description']);
     const text = { model: 'm', messages: [{ role: 'user', content: 'x' }], response_format: { type: 'text' } };
     assert.equal(chatToMessages.request(text, facts(text)).body.output_config, undefined);
     refused(chatToMessages, { model: 'm', messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema', json_schema: { name: 'x' } } }, 'response_format');
@@ -244,6 +246,10 @@ describe('Anthropic client -> OpenAI provider', () => {
     assert.deepEqual(out.response_format, { type: 'json_schema', json_schema: { name: 'output', schema, strict: true } });
     assert.deepEqual(dropped, ['output_config.effort']);
     refused(messagesToChat, { model: 'm', max_tokens: 100, messages: [{ role: 'user', content: 'x' }], output_config: { format: { type: 'json_schema' } } }, 'output_config.format');
+    // A schema with an optional property, which OpenAI's strict mode refuses: sent not strict (review of that change).
+    const optional = { type: 'object', properties: { a: { type: 'string' }, b: { type: 'array', items: { type: 'object', properties: { c: { type: 'string' } }, additionalProperties: false } } }, required: ['a', 'b'], additionalProperties: false };
+    const loose = { model: 'm', max_tokens: 100, messages: [{ role: 'user', content: 'x' }], output_config: { format: { type: 'json_schema', schema: optional } } };
+    assert.equal((messagesToChat.request(loose, facts(loose)).body.response_format as { json_schema: { strict: boolean } }).json_schema.strict, false);
   });
 
   test('request: tool_choice each way; what chat cannot express is 400 naming the field', () => {
