@@ -124,53 +124,48 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
         // nothing goes upstream (found in review).
         if (!releaseWhenClosed(req, res, abandon)) return;
         let attempts = 0;
-        /** Asks the next deployment that can take the body, else runs `otherwise`. */
-        const passOn = (counting: Counting, attempt: boolean, otherwise: () => void): void => {
-          if (over) return;
-          try {
-            const next = attempt && attempts >= gw.config.routing.maxAttempts ? null : countingDeployment(candidates, counting.index + 1, endpoint, bodies, ctx.id);
-            if (next instanceof Untranslatable || next === null) return otherwise();
-            ask(next);
-          } catch (err) {
-            if (end()) gw.fault(ctx, res, err); // runs from a socket's events: a bug fails this count, never the process
-          }
-        };
-        const lastFor = (counting: Counting): boolean => {
-          const next = countingDeployment(candidates, counting.index + 1, endpoint, bodies, ctx.id);
-          return next === null || next instanceof Untranslatable;
-        };
         const ask = (counting: Counting): void => {
           attempts++;
-          const request: CountRequest = {
-            endpoint, body: b, upstream: counting.upstream, model: counting.deployment, requestId: ctx.id,
-            // Section 6's retries where no other deployment can take the count (found in review: a
-            // routed model's one usable deployment had one attempt), the attempts left in all.
-            attempts: lastFor(counting) ? Math.max(1, gw.config.routing.maxAttempts - attempts + 1) : 1,
-            header: (name) => {
-              const value = req.headers[name];
-              return Array.isArray(value) ? value[0] : value;
-            },
-            answer(json) {
-              if (end()) sendJson(ctx, res, 200, json, gw.done);
-            },
-            fail: (code, details) => {
-              if (end()) sendError(ctx, res, code, gw.done, details);
-            },
-            failWith: (code, spec, message) => {
-              if (end()) sendErrorSpec(ctx, res, code, spec, gw.done, { message });
-            },
-            onAbort: (stop) => { stops.push(stop); },
-            // Its server has no count (a vLLM or Ollama deployment): the next deployment that can
-            // take the body is asked, within the same admission, else the request's 400.
-            noCount: (message) => passOn(counting, false, () => request.fail('invalid_request', { message, fields: { param: 'model' } })),
-            // It failed as a routed call fails over: the next is asked, up to `routing.maxAttempts`
-            // counts in all, else this failure is the answer. Nothing cools down: a count is not a call.
-            unavailable: (answer) => passOn(counting, true, answer),
-          };
           try {
+            // The next deployment that can take the body, if any: where a failure moves the count on.
+            const later = countingDeployment(candidates, counting.index + 1, endpoint, bodies, ctx.id);
+            const next = later instanceof Untranslatable ? null : later;
+            /** Asks the next deployment, else runs `otherwise`. */
+            const passOn = (attempt: boolean, otherwise: () => void): void => {
+              if (over) return;
+              if (next === null || (attempt && attempts >= gw.config.routing.maxAttempts)) return otherwise();
+              ask(next);
+            };
+            const request: CountRequest = {
+              endpoint, body: b, upstream: counting.upstream, model: counting.deployment, requestId: ctx.id,
+              // Section 6's retries where no other deployment can take the count (found in review: a
+              // routed model's one usable deployment had one attempt), the attempts left in all.
+              attempts: next === null ? Math.max(1, gw.config.routing.maxAttempts - attempts + 1) : 1,
+              header: (name) => {
+                const value = req.headers[name];
+                return Array.isArray(value) ? value[0] : value;
+              },
+              answer(json) {
+                if (end()) sendJson(ctx, res, 200, json, gw.done);
+              },
+              fail: (code, details) => {
+                if (end()) sendError(ctx, res, code, gw.done, details);
+              },
+              failWith: (code, spec, message) => {
+                if (end()) sendErrorSpec(ctx, res, code, spec, gw.done, { message });
+              },
+              onAbort: (stop) => { stops.push(stop); },
+              // Its server has no count (a vLLM or Ollama deployment): the next deployment that can
+              // take the body is asked, within the same admission, else the request's 400.
+              noCount: (message) => passOn(false, () => request.fail('invalid_request', { message, fields: { param: 'model' } })),
+              // It failed as a routed call fails over: the next is asked, up to `routing.maxAttempts`
+              // counts in all, else this failure is the answer. Nothing cools down: a count is not a call.
+              unavailable: (answer) => passOn(true, answer),
+            };
             counting.provider.countTokens(request);
           } catch (err) {
-            if (end()) gw.fault(ctx, res, err); // a bug: answered, never left waiting
+            // A bug (maybe run from a socket's events): it fails this count, never the process, and it is answered.
+            if (end()) gw.fault(ctx, res, err);
           }
         };
         ask(first!);

@@ -253,4 +253,16 @@ describe('regression: a continued stored context is counted before the call', ()
     assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses', '/v1/responses/input_tokens', '/v1/responses']);
     assert.ok(last()!.inputTokens < 1000, `charged ${last()!.inputTokens} input tokens`);
   });
+
+  test('a deployment that had the whole request keeps its count when the call moves on: it may bill it (review of the test above)', async () => {
+    up.queue.push(counted(STORED), (_req, res) => { open.push(res); }, counted(40), (req, res, body) => {
+      open.push(res);
+      startedStream(req, res, body);
+    });
+    const before = entriesOf(gw, 'acct_a').length;
+    await leaveAfterFirstText({ model: 'gpt-routed', previous_response_id: 'resp_1', input: 'go on', stream: true, max_output_tokens: 500 });
+    await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_a').length > before, 5000, 'the charge');
+    assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses', '/v1/responses/input_tokens', '/v1/responses']);
+    assert.equal(last()!.inputTokens, STORED, 'the first deployment timed out holding the whole request');
+  });
 });
