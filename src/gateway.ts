@@ -6,6 +6,7 @@ import type { GatewayConfig } from './config/types.js';
 import { Directory, type AccountEntry } from './directory.js';
 import { GatewayError } from './errors.js';
 import { BodyBudget, type ContinueRequest } from './http/body.js';
+import { CountsInFlight } from './http/counts-in-flight.js';
 import { RequestContext, validIdempotencyKey } from './http/context.js';
 import { sendError, sendErrorSpec } from './http/reply.js';
 import { MemoryLedger } from './ledger/memory.js';
@@ -55,6 +56,7 @@ export class Gateway implements RouteHost {
   readonly limiter: Limiter;
   readonly bodies = new BodyBudget(() => this.config.server.maxBodyBytes);
   readonly countBodies = new BodyBudget(() => this.config.server.maxBodyBytes);
+  readonly counts = new CountsInFlight();
   readonly ledger: Ledger;
   readonly router = new Router<RouteHost>();
   readonly metrics: Metrics;

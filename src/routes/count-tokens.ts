@@ -2,6 +2,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { AccountEntry, KeyEntry, ModelEntry } from '../directory.js';
 import { estimateInputTokens, MAX_DEPTH } from '../billing/estimate.js';
 import { bodyRefusal, readBody, takeBody } from '../http/body.js';
+import { MAX_COUNTS_PER_ACCOUNT } from '../http/counts-in-flight.js';
 import { bodyShapeProblem } from '../http/body-shape.js';
 import type { RequestContext } from '../http/context.js';
 import { releaseWhenClosed } from '../http/pipelined.js';
@@ -102,6 +103,15 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
       if (first instanceof Untranslatable) {
         return sendError(ctx, res, 'invalid_request', gw.done, { message: first.message, fields: { param: first.param } });
       }
+      // At most MAX_COUNTS_PER_ACCOUNT at once, before admission (a refusal consumes nothing),
+      // held until the answer closes, as its body is.
+      const account = key.account.id;
+      if (!gw.counts.take(account)) {
+        return sendError(ctx, res, 'concurrency_limit_exceeded', gw.done, {
+          message: `This account has ${MAX_COUNTS_PER_ACCOUNT} token counts under way on this gateway instance; retry after one ends.`, retryAfterS: 1,
+        });
+      }
+      if (!releaseWhenClosed(req, res, () => gw.counts.give(account))) return;
       gw.admit(ctx, res, gw.limiter.admitInstant(countingAccount(key.account), countingKey(key), null), () => {
         let stops: Array<() => void> = [];
         // Answered, failed or abandoned: exactly one of them, and one access-log line (found in

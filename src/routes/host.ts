@@ -3,6 +3,7 @@ import type { Credits } from '../admin/credits.js';
 import type { AdminState, AdminStore } from '../admin/state.js';
 import type { CallHost } from '../billing/call.js';
 import type { BodyBudget } from '../http/body.js';
+import type { CountsInFlight } from '../http/counts-in-flight.js';
 import type { GatewayConfig } from '../config/types.js';
 import type { Directory } from '../directory.js';
 import type { RequestContext } from '../http/context.js';
@@ -26,6 +27,8 @@ export interface RouteHost extends CallHost, RoutingHost {
   readonly bodies: BodyBudget;
   /** The same for token counts, whose bodies are held until their answer closes (a count holds no slot). */
   readonly countBodies: BodyBudget;
+  /** Token counts in flight per account (a count holds no slot). */
+  readonly counts: CountsInFlight;
   readonly admin: AdminStore;
   readonly credits: Credits;
   /** Items of translated Responses answers that later calls may refer to. */

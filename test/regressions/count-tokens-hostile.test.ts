@@ -3,6 +3,7 @@ import { request } from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import { useOriginPool } from '../../src/providers/http.js';
 import { ConnectionPool } from '../../src/providers/pool.js';
+import { MAX_COUNTS_PER_ACCOUNT } from '../../src/http/counts-in-flight.js';
 import { anthropicMessage, FakeUpstream, json } from '../helpers/fake-upstream.js';
 import { accessLog, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
@@ -123,5 +124,82 @@ describe('regression: count_tokens and request headers under a hostile client', 
     assert.equal((JSON.parse(text) as { error: { code: string } }).error.code, 'invalid_idempotency_key', text);
     up.queue.length = 0;
     assert.equal((await status(['aaa', 'aaa']))[0], 200, 'the same value twice is one key');
+  });
+});
+
+/**
+ * Found in review: counts hold no slot and their bodies are bounded by bytes, so one key's
+ * thousands of small counts held by a slow provider filled the origin's 256 count connections,
+ * and every other account's counts waited behind them until they timed out.
+ */
+describe('regression: one account\'s counts in flight are bounded', () => {
+  const up = new FakeUpstream();
+  let gw: Running;
+  before(async () => {
+    const base = await up.start();
+    gw = await startGateway(testConfig({
+      // rpm 34: the 32 held, the one refused (which must consume nothing), and two after.
+      plans: { p: { rpm: 34, concurrency: 5 } },
+      accounts: { acct_c: { plan: 'p' }, acct_o: { plan: 'p' } },
+      keys: { key_c: { account: 'acct_c', key: 'sk-c' }, key_c2: { account: 'acct_c', key: 'sk-c2' }, key_o: { account: 'acct_o', key: 'sk-o' } },
+      models: { claude: { provider: 'ant', price: { inputPerMillion: 1, outputPerMillion: 2 } } },
+      providers: { ant: { protocol: 'anthropic', baseUrl: base, timeoutMs: 5000 } },
+    }));
+  });
+  after(async () => {
+    await gw.close();
+    await up.close();
+  });
+
+  test(`past ${MAX_COUNTS_PER_ACCOUNT} counts under way, the account's next (any key) is 429 before admission; other accounts count; all given back`, async () => {
+    const count = { model: 'claude', messages: [{ role: 'user', content: 'hi' }] };
+    const held: Array<() => void> = [];
+    up.fallback = (_req, res) => { held.push(() => json(res, 200, { input_tokens: 3 })); };
+    try {
+      const waiting = Array.from({ length: MAX_COUNTS_PER_ACCOUNT }, (_, i) => postJson(`${gw.url}/v1/messages/count_tokens`, i % 2 === 0 ? 'sk-c' : 'sk-c2', count));
+      await until(() => held.length === MAX_COUNTS_PER_ACCOUNT, 5000, 'the counts upstream');
+      assert.equal(gw.gateway.counts.held, MAX_COUNTS_PER_ACCOUNT);
+      const refused = await postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-c2', count);
+      assert.equal(refused.status, 429);
+      assert.equal(refused.headers.get('retry-after'), '1');
+      assert.equal(((await refused.json()) as { error: { code: string } }).error.code, 'concurrency_limit_exceeded');
+      assert.equal(held.length, MAX_COUNTS_PER_ACCOUNT, 'the refused count never went upstream');
+      // Another account's count is not held up by them.
+      up.queue.push((_req, res) => json(res, 200, { input_tokens: 5 }));
+      const other = await postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-o', count);
+      assert.deepEqual([other.status, await other.json()], [200, { input_tokens: 5 }]);
+      held.splice(0).forEach((answer) => answer());
+      for (const counted of await Promise.all(waiting)) assert.equal(counted.status, 200);
+      await until(() => gw.gateway.counts.held === 0, 5000, 'the counts given back');
+      // The refusal took nothing from the RPM window: two more fit in the plan's 34.
+      for (let i = 0; i < 2; i++) {
+        up.queue.push((_req, res) => json(res, 200, { input_tokens: 3 }));
+        const again = await postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-c', count);
+        assert.equal(again.status, 200, await again.clone().text());
+        await again.text();
+      }
+      const over = await postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-c', count);
+      assert.equal(over.status, 429);
+      assert.equal(((await over.json()) as { error: { code: string } }).error.code, 'rate_limit_exceeded');
+    } finally {
+      up.fallback = (_req, res) => json(res, 500, { error: { message: 'no behaviour queued' } });
+    }
+  });
+
+  test('a count whose client leaves gives its place back', async () => {
+    up.fallback = (_req, res) => { res.on('close', () => {}); };
+    try {
+      const aborter = new AbortController();
+      const counting = fetch(`${gw.url}/v1/messages/count_tokens`, {
+        method: 'POST', signal: aborter.signal, headers: { 'content-type': 'application/json', authorization: 'Bearer sk-o' },
+        body: JSON.stringify({ model: 'claude', messages: [{ role: 'user', content: 'hi' }] }),
+      });
+      await until(() => gw.gateway.counts.held === 1, 5000, 'the count under way');
+      aborter.abort();
+      await assert.rejects(counting);
+      await until(() => gw.gateway.counts.held === 0, 5000, 'its place given back');
+    } finally {
+      up.fallback = (_req, res) => json(res, 500, { error: { message: 'no behaviour queued' } });
+    }
   });
 });
