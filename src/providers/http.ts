@@ -169,8 +169,8 @@ export class HttpProvider implements Provider {
 
   /** Where clients' token counts go (the kind's count, over the counts' own connections). */
   private readonly countTarget: Target;
-  /** Where a call's input is counted before it is sent (OpenAI's input_tokens), or null for a kind without that count. */
-  private readonly inputCountTarget: Target | null;
+  /** Where a call's input is counted before it is sent (the kind's count, over the calls' connections). */
+  private readonly inputCountTarget: Target;
 
   constructor(private readonly config: ProviderConfig, private readonly kind: ProviderKind) {
     this.timeouts = new Watchlist(config.timeoutMs);
@@ -181,7 +181,7 @@ export class HttpProvider implements Provider {
     // Part of an admitted call (which holds its slot), so over the calls' connections: on the
     // counts' own, clients' counts to the same origin, which hold no slot, could keep calls
     // waiting for them (found in review).
-    this.inputCountTarget = kind.count.endpoint === 'responses' ? targetOf(countUrl) : null;
+    this.inputCountTarget = targetOf(countUrl);
   }
 
   get countsAs(): CountEndpoint {
@@ -309,8 +309,9 @@ export class HttpProvider implements Provider {
    * Counts, before a Responses call whose input the provider holds or fetches beyond what the
    * request carries (see inputBeyondRequest), or a chat call holding a file (a translated
    * Messages call's PDF too: found in review, a 100-page PDF left early was charged one fixed
-   * figure of 3,000 tokens), the input it will bill, and notes it: a client that
-   * left before the final usage was charged only what its request carried, while OpenAI bills
+   * figure of 3,000 tokens), or a Messages call holding a document (the same, on Anthropic's
+   * count_tokens), the input it will bill, and notes it: a client that
+   * left before the final usage was charged only what its request carried, while the provider bills
    * all of it (found in review: a stored conversation of 300,000 tokens, continued again and
    * again by calls cut after their first event, cost the gateway its price each time and the
    * client nothing). With the call's own credential, within COUNT_TIMEOUT_MS. Only a server
@@ -325,11 +326,13 @@ export class HttpProvider implements Provider {
     const files = filesOnly ? responsesFilesOf(ex.body) : null;
     if (files !== null) upstream.input = [{ role: 'user', content: files }];
     else if (converted) Object.assign(upstream, responsesInputOf(ex.body));
-    else for (const field of COUNTED_FIELDS) if (ex.body[field] !== undefined) upstream[field] = ex.body[field];
+    else for (const field of ex.endpoint === 'messages' ? MESSAGES_COUNTED_FIELDS : COUNTED_FIELDS) if (ex.body[field] !== undefined) upstream[field] = ex.body[field];
+    // Anthropic's count takes the call's own anthropic-version and anthropic-beta (a file by id needs its beta).
+    const headers = ex.endpoint === 'messages' ? this.kind.headers((name) => ex.header(name)) : [];
     // A file's count fetches and reads it (a PDF's pages): it gets the call's own timeoutMs, and
     // its timeout moves nothing on (below); the rest is a tokenizer's work.
     const timeoutMs = beyond === 'file' ? this.config.timeoutMs : Math.min(this.config.timeoutMs, COUNT_TIMEOUT_MS);
-    this.ask(this.inputCountTarget!, JSON.stringify(upstream), ex.requestId, [], key, timeoutMs, ex.maxAttempts, (stop) => ex.onAbort(stop), (outcome) => {
+    this.ask(this.inputCountTarget, JSON.stringify(upstream), ex.requestId, headers, key, timeoutMs, ex.maxAttempts, (stop) => ex.onAbort(stop), (outcome) => {
       if (ex.aborted) return;
       try {
         if (outcome.kind === 'answer') {
@@ -378,9 +381,8 @@ export class HttpProvider implements Provider {
 
   handle(ex: Exchange): void {
     const key = this.takeKey();
-    const beyond = this.inputCountTarget === null ? null
-      : ex.endpoint === 'responses' ? inputBeyondRequest(ex.body)
-        : ex.endpoint === 'chat' && chatHoldsFile(ex.body) ? 'file' : null;
+    const beyond = ex.endpoint === 'responses' ? inputBeyondRequest(ex.body)
+      : (ex.endpoint === 'chat' && chatHoldsFile(ex.body)) || (ex.endpoint === 'messages' && messagesHoldDocument(ex.body)) ? 'file' : null;
     if (beyond !== null) {
       // The count and the call go with the same credential: another key may be another project,
       // which cannot see the stored response.
@@ -883,6 +885,9 @@ const COUNTED_FIELDS = [
   'conversation', 'input', 'instructions', 'parallel_tool_calls', 'personality', 'previous_response_id', 'reasoning', 'text', 'tool_choice', 'tools', 'truncation',
 ];
 
+/** The Messages fields Anthropic's count takes (the rest it refuses). */
+const MESSAGES_COUNTED_FIELDS = ['messages', 'system', 'tools', 'tool_choice', 'thinking'];
+
 /** The longest a call waits for its input count (a tokenizer's work, answered in well under a second). */
 const COUNT_TIMEOUT_MS = 10_000;
 
@@ -919,6 +924,26 @@ function chatHoldsFile(body: Record<string, unknown>): boolean {
   const messages = body.messages;
   if (!Array.isArray(messages)) return false;
   for (const m of messages) if (m !== null && typeof m === 'object' && holdsPart((m as { content?: unknown }).content, 'file')) return true;
+  return false;
+}
+
+/**
+ * Whether a Messages call holds a document (a PDF inline, by URL or by file id), in a message or
+ * in a tool's result: Anthropic bills every page, the estimate counts one fixed figure (found in
+ * review: a 100-page PDF whose client left early was charged 3,000 tokens, as it was on OpenAI).
+ */
+function messagesHoldDocument(body: Record<string, unknown>): boolean {
+  const messages = body.messages;
+  if (!Array.isArray(messages)) return false;
+  for (const m of messages) {
+    const content = m !== null && typeof m === 'object' ? (m as { content?: unknown }).content : undefined;
+    if (!Array.isArray(content)) continue;
+    for (const part of content) {
+      if (part === null || typeof part !== 'object') continue;
+      const type = (part as { type?: unknown }).type;
+      if (type === 'document' || (type === 'tool_result' && holdsPart((part as { content?: unknown }).content, 'document'))) return true;
+    }
+  }
   return false;
 }
 
