@@ -167,7 +167,12 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
               onAbort: (stop) => { stops.push(stop); },
               // Its server has no count (a vLLM or Ollama deployment): the next deployment that can
               // take the body is asked, within the same admission, else the request's 400.
-              noCount: (message) => passOn(false, () => request.fail('invalid_request', { message, fields: { param: 'model' } })),
+              noCount: (message) => {
+                // Not an attempt that failed: it takes none of `routing.maxAttempts` (found in review: a
+                // vLLM deployment's 404 left the last deployment that could count unasked).
+                attempts--;
+                passOn(false, () => request.fail('invalid_request', { message, fields: { param: 'model' } }));
+              },
               // It failed as a routed call fails over: the next is asked, up to `routing.maxAttempts`
               // counts in all, else this failure is the answer. Nothing cools down: a count is not a call.
               unavailable: (answer) => passOn(true, answer),

@@ -52,6 +52,7 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
         mixed: { price: PRICE, deployments: [{ provider: 'ant' }, { provider: 'b', fallback: true }] },
         split: { price: PRICE, deployments: [{ provider: 'ant' }, { provider: 'b' }] },
         counted: { price: PRICE, deployments: [{ provider: 'b', upstreamModel: 'b-model' }, { provider: 'ant', upstreamModel: 'ant-model', fallback: true }] },
+        fourfold: { price: PRICE, deployments: [{ provider: 'a' }, { provider: 'b' }, { provider: 'c' }, { provider: 'ant' }] },
       },
       providers: {
         a: provider(ua), b: provider(ub), c: provider(uc),
@@ -306,6 +307,16 @@ describe('routing: deployments, failover, cooldowns (fake providers on loopback)
     assert.notEqual(res.status, 200);
     assert.match(((await res.json()) as { error: { message: string } }).error.message, /resp_x/);
     assert.equal(a.seen.length, asked, 'not sent on');
+  });
+
+  test('a deployment without a count takes none of the attempts: with maxAttempts 3, two failures after it still reach a fourth', async () => {
+    a.queue.push((_req, res) => json(res, 404, { detail: 'Not Found' }), (_req, res) => json(res, 200, { input_tokens: 5 }));
+    b.queue.push(status(503));
+    c.queue.push(status(503));
+    const res = await postJson(`${gw.url}/v1/messages/count_tokens`, 'sk-client', { model: 'fourfold', messages: [{ role: 'user', content: 'hi' }] });
+    assert.equal(res.status, 200, await res.clone().text());
+    assert.deepEqual(await res.json(), { input_tokens: 5 });
+    assert.deepEqual(a.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/messages/count_tokens']);
   });
 
   test('a count whose deployment fails as a call fails over (5xx, 529, no connection) moves on to the next; a refusal is the answer; nothing cools down', async () => {
