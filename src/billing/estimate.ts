@@ -21,7 +21,8 @@ export const DOCUMENT_TOKENS = 3_000;
  */
 export const MAX_DEPTH = 128;
 
-const INPUT_FIELDS = new Set(['system', 'messages', 'tools', 'functions', 'tool_choice', 'response_format', 'input', 'instructions', 'text', 'prompt']);
+// output_config: an Anthropic client's structured-output schema, which OpenAI bills as input once translated (found in review).
+const INPUT_FIELDS = new Set(['system', 'messages', 'tools', 'functions', 'tool_choice', 'response_format', 'output_config', 'input', 'instructions', 'text', 'prompt']);
 // A computer-use screenshot and a generated image passed back in a Responses input are images too.
 const IMAGE_TYPES = new Set(['image', 'image_url', 'input_image', 'computer_screenshot', 'image_generation_call']);
 const DOCUMENT_TYPES = new Set(['document', 'file', 'input_file', 'input_audio', 'audio']);

@@ -73,7 +73,7 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   if (body.stop !== undefined && body.stop !== null) out.stop_sequences = typeof body.stop === 'string' ? [body.stop] : body.stop;
   sampling(body, out);
   tools(body, out, names, dropped);
-  thinking(body.reasoning_effort, 'reasoning_effort', out);
+  thinking(body.reasoning_effort, 'reasoning_effort', out, dropped);
   outputFormat(body.response_format, 'response_format', out, dropped);
   return { body: out, dropped, names };
 }

@@ -110,8 +110,9 @@ function strictable(schema: unknown, depth: number): boolean {
   if (!isObj(schema)) return true;
   if (schema.type === 'object' || isObj(schema.properties)) {
     if (schema.additionalProperties !== false) return false;
-    const required = Array.isArray(schema.required) ? schema.required : [];
-    if (isObj(schema.properties) && !Object.keys(schema.properties).every((p) => required.includes(p))) return false;
+    // A Set: a crafted schema of 49,000 properties and 449,000 required names took 20 s (found in review).
+    const required = new Set(Array.isArray(schema.required) ? schema.required : []);
+    if (isObj(schema.properties) && !Object.keys(schema.properties).every((p) => required.has(p))) return false;
   }
   for (const value of Object.values(schema)) if (typeof value === 'object' && value !== null && !strictable(value, depth + 1)) return false;
   return true;

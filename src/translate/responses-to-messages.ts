@@ -90,7 +90,7 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   tools(body, out, names, drop);
   const reasoning = isObj(body.reasoning) ? body.reasoning : {};
   if (reasoning.summary !== undefined && reasoning.summary !== null && (reasoning.effort === undefined || reasoning.effort === null)) drop('reasoning.summary');
-  thinking(reasoning.effort, 'reasoning.effort', out);
+  thinking(reasoning.effort, 'reasoning.effort', out, dropped);
   if (isObj(body.text)) outputFormat(body.text.format, 'text.format', out, dropped);
   return { body: out, dropped, names };
 }

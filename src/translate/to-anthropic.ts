@@ -58,14 +58,31 @@ export function toolChoice(body: Record<string, unknown>, out: Record<string, un
 const EFFORT_BUDGET: Record<string, number> = { low: 1024, medium: 4096, high: 16384, xhigh: 32768 };
 
 /** A reasoning effort as extended thinking; 'none' and 'minimal' (and no effort) leave it off. */
-export function thinking(effort: unknown, param: string, out: Record<string, unknown>): void {
+export function thinking(effort: unknown, param: string, out: Record<string, unknown>, dropped: string[]): void {
   if (effort === undefined || effort === null || effort === 'none' || effort === 'minimal') return;
   const budget = lookup(EFFORT_BUDGET, effort);
   if (budget === undefined) refuse(param, `"${param}" ${JSON.stringify(effort)} is not one of none, minimal, low, medium, high, xhigh.`);
   const maxTokens = out.max_tokens as number;
   if (maxTokens <= 1024) refuse(param, `"${param}" needs an output limit above 1024 tokens on this model's provider.`);
   if (out.temperature !== undefined && out.temperature !== 1) refuse('temperature', `"temperature" must be 1 (or absent) with "${param}" on this model's provider.`);
+  // With thinking on, Anthropic takes a tool loop's last assistant turn only with the thinking
+  // that began it, which a client of another protocol never had to give back: thinking stays
+  // off for that step, visibly (found in review: every second step of a tool loop was a 400).
+  if (toolTurnWithoutThinking(out.messages)) return void dropped.push(param);
   out.thinking = { type: 'enabled', budget_tokens: Math.min(budget, maxTokens - 1) };
+}
+
+/** Whether the last assistant turn calls a tool and does not start with a thinking block. */
+function toolTurnWithoutThinking(messages: unknown): boolean {
+  if (!Array.isArray(messages)) return false;
+  for (let i = messages.length - 1; i >= 0; i--) {
+    const m = messages[i] as { role?: unknown; content?: unknown };
+    if (m.role !== 'assistant') continue;
+    const blocks = Array.isArray(m.content) ? m.content as Array<{ type?: unknown }> : [];
+    const first = blocks[0]?.type;
+    return first !== 'thinking' && first !== 'redacted_thinking' && blocks.some((b) => b.type === 'tool_use');
+  }
+  return false;
 }
 
 /**

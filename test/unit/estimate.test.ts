@@ -11,6 +11,8 @@ describe('the input estimate', () => {
     // "role" + "user" + "content" + "hello" = 20 characters.
     assert.equal(estimateInputTokens({ model: 'm', stream: true, max_tokens: 9, messages: [{ role: 'user', content: 'hello' }] }), 5);
     assert.equal(estimateInputTokens({ model: 'm', metadata: { user_id: 'x'.repeat(1000) }, messages: [] }), 0, 'metadata is not billed input');
+    // An Anthropic client's structured-output schema is input (OpenAI bills it once translated; found in review: a 979 KB schema was charged 5 tokens).
+    assert.ok(estimateInputTokens({ model: 'm', messages: [], output_config: { format: { type: 'json_schema', schema: { type: 'object', description: 'x'.repeat(4000) } } } })! >= 1000);
     const system = 's'.repeat(400);
     assert.equal(estimateInputTokens({ system, messages: [] }), 100);
     assert.equal(estimateInputTokens({ tools: [{ name: 'lookup' }] }), chars('name'.length + 'lookup'.length));
