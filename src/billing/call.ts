@@ -366,6 +366,8 @@ export class BilledCall implements Exchange {
     // The client's own `thinking` goes as it is, a `-thinking` id's included (found in review: disabled there, it was charged).
     if (b.thinking !== undefined) return isObj(b.thinking) && b.thinking.type !== 'disabled';
     if (this.model.thinking) return true;
+    // A translation that left thinking off for this step (a tool loop's, see to-anthropic.ts) named the effort dropped.
+    if (this.ctx.dropped !== null && this.ctx.dropped.split(',').includes(this.endpoint === 'responses' ? 'reasoning.effort' : 'reasoning_effort')) return false;
     return effort !== undefined && effort !== null && !little;
   }
 

@@ -112,6 +112,14 @@ export function entriesOf(gw: Running, accountId: string): readonly LedgerEntry[
   return (gw.gateway.ledger as MemoryLedger).entries(accountId);
 }
 
+/** Runs `send` (a call that ends abnormally, say), then waits until it is settled and charged: the account's newest entry. */
+export async function chargeOf(gw: Running, accountId: string, send: () => Promise<unknown>): Promise<LedgerEntry> {
+  const before = entriesOf(gw, accountId).length;
+  await send();
+  await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, accountId).length > before, 5000, 'the charge');
+  return entriesOf(gw, accountId).at(-1)!;
+}
+
 /** Polls `check` until it holds (or fails after `ms`): wait for a condition, not for time. */
 export async function until(check: () => boolean | Promise<boolean>, ms = 5000, what = 'condition'): Promise<void> {
   const deadline = Date.now() + ms;

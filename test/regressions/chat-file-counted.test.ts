@@ -3,7 +3,7 @@ import type { ServerResponse } from 'node:http';
 import { after, before, beforeEach, describe, test } from 'node:test';
 import type { LedgerEntry } from '../../src/ledger/types.js';
 import { FakeUpstream, json, openaiCompletion, openaiStream, type Behaviour } from '../helpers/fake-upstream.js';
-import { entriesOf, leaveWhenSeen, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+import { chargeOf, entriesOf, leaveWhenSeen, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
 /**
  * Found in review: a Chat Completions call holding a file (a PDF inline or by id) is billed by
@@ -54,12 +54,7 @@ describe('regression: a chat call holding a file is counted before the call', ()
   });
 
   const last = (): LedgerEntry | undefined => entriesOf(gw, 'acct_a').at(-1);
-  const charged = async (send: () => Promise<void>): Promise<LedgerEntry> => {
-    const before = entriesOf(gw, 'acct_a').length;
-    await send();
-    await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_a').length > before, 5000, 'the charge');
-    return last()!;
-  };
+  const charged = (send: () => Promise<unknown>): Promise<LedgerEntry> => chargeOf(gw, 'acct_a', send);
 
   test('a chat client that leaves a call holding a PDF is charged the provider\'s count of it', async () => {
     up.queue.push(counted(PAGES), startedStream(open));

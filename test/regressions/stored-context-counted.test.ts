@@ -3,7 +3,7 @@ import { request, type ServerResponse } from 'node:http';
 import { after, before, beforeEach, describe, test } from 'node:test';
 import type { LedgerEntry } from '../../src/ledger/types.js';
 import { FakeUpstream, json, responsesStream, type Behaviour } from '../helpers/fake-upstream.js';
-import { entriesOf, leaveWhenSeen, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+import { chargeOf, entriesOf, leaveWhenSeen, postJson, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
 
 /**
  * Found in review: a Responses call that continues a stored response (`previous_response_id`)
@@ -77,9 +77,7 @@ describe('regression: a continued stored context is counted before the call', ()
         open.push(res);
         startedStream(req, res, body);
       });
-      const before = entriesOf(gw, 'acct_a').length;
-      await leaveAfterFirstText({ model: 'gpt-x', ...fields, stream: true, max_output_tokens: 500, store: true });
-      await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_a').length > before, 5000, 'the charge');
+      await chargeOf(gw, 'acct_a', () => leaveAfterFirstText({ model: 'gpt-x', ...fields, stream: true, max_output_tokens: 500, store: true }));
       const charge = last()!;
       assert.equal(charge.estimated, true);
       assert.equal(charge.inputTokens, STORED, 'the input the provider counted, not the few words sent');
@@ -96,9 +94,7 @@ describe('regression: a continued stored context is counted before the call', ()
       open.push(res);
       startedStream(req, res, body);
     });
-    const before = entriesOf(gw, 'acct_a').length;
-    await leaveAfterFirstText({ model: 'gpt-x', previous_response_id: 'resp_1', input: 'go on', stream: true });
-    await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_a').length > before, 5000, 'the charge');
+    await chargeOf(gw, 'acct_a', () => leaveAfterFirstText({ model: 'gpt-x', previous_response_id: 'resp_1', input: 'go on', stream: true }));
     assert.equal(last()!.inputTokens, 10_000_000);
     assert.ok(gw.logs.join('').includes('provider counted more input than any model reads'));
   });
@@ -209,9 +205,7 @@ describe('regression: a continued stored context is counted before the call', ()
       open.push(res);
       startedStream(req, res, body);
     });
-    const before = entriesOf(gw, 'acct_a').length;
-    await leaveAfterFirstText({ model: 'gpt-x', previous_response_id: 'resp_1', input: 'go on', stream: true, max_output_tokens: 500 });
-    await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_a').length > before, 5000, 'the charge');
+    await chargeOf(gw, 'acct_a', () => leaveAfterFirstText({ model: 'gpt-x', previous_response_id: 'resp_1', input: 'go on', stream: true, max_output_tokens: 500 }));
     assert.equal(last()!.inputTokens, STORED);
     assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses/input_tokens', '/v1/responses']);
   });
@@ -247,9 +241,7 @@ describe('regression: a continued stored context is counted before the call', ()
       open.push(res);
       startedStream(req, res, body);
     });
-    const before = entriesOf(gw, 'acct_a').length;
-    await leaveAfterFirstText({ model: 'gpt-routed', previous_response_id: 'resp_1', input: 'go on', stream: true, max_output_tokens: 500 });
-    await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_a').length > before, 5000, 'the charge');
+    await chargeOf(gw, 'acct_a', () => leaveAfterFirstText({ model: 'gpt-routed', previous_response_id: 'resp_1', input: 'go on', stream: true, max_output_tokens: 500 }));
     assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses', '/v1/responses/input_tokens', '/v1/responses']);
     assert.ok(last()!.inputTokens < 1000, `charged ${last()!.inputTokens} input tokens`);
   });
@@ -259,9 +251,7 @@ describe('regression: a continued stored context is counted before the call', ()
       open.push(res);
       startedStream(req, res, body);
     });
-    const before = entriesOf(gw, 'acct_a').length;
-    await leaveAfterFirstText({ model: 'gpt-routed', previous_response_id: 'resp_1', input: 'go on', stream: true, max_output_tokens: 500 });
-    await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_a').length > before, 5000, 'the charge');
+    await chargeOf(gw, 'acct_a', () => leaveAfterFirstText({ model: 'gpt-routed', previous_response_id: 'resp_1', input: 'go on', stream: true, max_output_tokens: 500 }));
     assert.deepEqual(up.seen.map((s) => s.path), ['/v1/responses/input_tokens', '/v1/responses', '/v1/responses/input_tokens', '/v1/responses']);
     assert.equal(last()!.inputTokens, STORED, 'the first deployment timed out holding the whole request');
   });

@@ -3,7 +3,7 @@ import type { ServerResponse } from 'node:http';
 import { after, before, beforeEach, describe, test } from 'node:test';
 import type { LedgerEntry } from '../../src/ledger/types.js';
 import { FakeUpstream, type Behaviour } from '../helpers/fake-upstream.js';
-import { entriesOf, leaveWhenSeen, startGateway, testConfig, until, type Running } from '../helpers/gateway.js';
+import { chargeOf, entriesOf, leaveWhenSeen, startGateway, testConfig, type Running } from '../helpers/gateway.js';
 
 /**
  * Found in review: a reasoning model's reasoning is billed as output but never relayed, and an
@@ -78,12 +78,9 @@ describe('regression: a reasoning model\'s unseen output is charged when its cal
   const last = (): LedgerEntry => entriesOf(gw, 'acct_r').at(-1)!;
 
   /** A streamed call left at its first words; its charge. */
-  const leftAtFirstWords = async (model: string, maxOutput: number, effort = 'high', path = '/v1/responses', body?: Record<string, unknown>): Promise<LedgerEntry> => {
+  const leftAtFirstWords = (model: string, maxOutput: number, effort = 'high', path = '/v1/responses', body?: Record<string, unknown>): Promise<LedgerEntry> => {
     up.queue.push(path === '/v1/responses' ? reasoningStream(open) : slowMessages(open));
-    const before = entriesOf(gw, 'acct_r').length;
-    await leaveWhenSeen(`${gw.url}${path}`, 'sk-r', body ?? { model, input: 'think hard', stream: true, max_output_tokens: maxOutput, reasoning: { effort } }, 'Hello');
-    await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_r').length > before, 5000, 'the charge');
-    return last();
+    return chargeOf(gw, 'acct_r', () => leaveWhenSeen(`${gw.url}${path}`, 'sk-r', body ?? { model, input: 'think hard', stream: true, max_output_tokens: maxOutput, reasoning: { effort } }, 'Hello'));
   };
 
   test('left at its first words after reasoning: charged the rate for the time it reasoned', async () => {
@@ -107,9 +104,7 @@ describe('regression: a reasoning model\'s unseen output is charged when its cal
     // A chat call whose `reasoning_effort` (the field chat servers read) is high, beside a Responses-style `reasoning.effort` of none.
     const body = { model: 'o-think', stream: true, max_completion_tokens: 50_000, messages: [{ role: 'user', content: 'think hard' }], reasoning_effort: 'high', reasoning: { effort: 'none' } };
     up.queue.push(reasoningChat(open));
-    const before = entriesOf(gw, 'acct_r').length;
-    await leaveWhenSeen(`${gw.url}/v1/chat/completions`, 'sk-r', body, 'Hello');
-    await until(() => gw.gateway.inFlight === 0 && entriesOf(gw, 'acct_r').length > before, 5000, 'the charge');
+    await chargeOf(gw, 'acct_r', () => leaveWhenSeen(`${gw.url}/v1/chat/completions`, 'sk-r', body, 'Hello'));
     assert.ok(last().outputTokens >= (REASONING_MS * RATE) / 1000, String(last().outputTokens));
     // A Responses call whose own `reasoning.effort` is high, beside a top-level `reasoning_effort` of none.
     const charge = await leftAtFirstWords('o-think', 50_000, '', '/v1/responses', { model: 'o-think', input: 'think hard', stream: true, max_output_tokens: 50_000, reasoning: { effort: 'high' }, reasoning_effort: 'none' });
@@ -125,6 +120,21 @@ describe('regression: a reasoning model\'s unseen output is charged when its cal
     // A `-thinking` id whose client turned thinking off sends it off: no reasoning (found in review).
     const off = await leftAtFirstWords('claude-r-thinking', 0, '', '/v1/messages', call({ model: 'claude-r-thinking', thinking: { type: 'disabled' } }));
     assert.equal(off.outputTokens, 2);
+  });
+
+  test('a chat effort on Claude is charged the rate, unless its translation left thinking off for a tool loop\'s step (review: charged reasoning it never did)', async () => {
+    const body = (messages: unknown[]) => ({ model: 'claude-r', stream: true, max_tokens: 8_000, reasoning_effort: 'high', messages, tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }] });
+    up.queue.push(slowMessages(open));
+    const on = await chargeOf(gw, 'acct_r', () => leaveWhenSeen(`${gw.url}/v1/chat/completions`, 'sk-r', body([{ role: 'user', content: 'hi' }]), 'Hello'));
+    assert.ok(on.outputTokens >= (REASONING_MS * RATE) / 1000, String(on.outputTokens));
+    up.queue.push(slowMessages(open));
+    const loop = [
+      { role: 'user', content: 'hi' },
+      { role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name: 'f', arguments: '{}' } }] },
+      { role: 'tool', tool_call_id: 'c1', content: 'done' },
+    ];
+    const off = await chargeOf(gw, 'acct_r', () => leaveWhenSeen(`${gw.url}/v1/chat/completions`, 'sk-r', body(loop), 'Hello'));
+    assert.ok(off.outputTokens < 10, String(off.outputTokens));
   });
 
   test('a model without reasoningTokensPerSecond is charged the output relayed, as before', async () => {
