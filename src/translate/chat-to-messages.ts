@@ -2,7 +2,7 @@ import { isObj } from '../protocols/common.js';
 import { TextDelta } from '../protocols/messages/text-delta.js';
 import type { ParsedEvents } from '../providers/sse.js';
 import {
-  anthropicEvent, argumentsObject, checkKnown, dataEvent, dataUrl, lookup, mergeUsage, refuse, shown, StreamEnded, textOf, toolId, toolName,
+  anthropicEvent, argumentsObject, checkKnown, dataEvent, dataUrl, lookup, mergeUsage, refuse, shown, stopSequences, StreamEnded, textOf, toolId, toolName,
 } from './common.js';
 import { outputFormat, sampling, thinking, toolChoice, turnList, type Block } from './to-anthropic.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
@@ -70,7 +70,8 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   if (system.length > 0) out.system = system;
   out.messages = turns;
   out.max_tokens = facts.maxOutputTokens;
-  if (body.stop !== undefined && body.stop !== null) out.stop_sequences = typeof body.stop === 'string' ? [body.stop] : body.stop;
+  const stop = stopSequences(body.stop, 'stop', true);
+  if (stop !== undefined) out.stop_sequences = stop;
   sampling(body, out);
   tools(body, out, names, dropped);
   thinking(body.reasoning_effort, 'reasoning_effort', out, dropped);

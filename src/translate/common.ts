@@ -51,6 +51,20 @@ export function dataUrl(url: string): { mediaType: string; data: string } | null
   return m === null ? null : { mediaType: m[1]!, data: url.slice(m[0].length) };
 }
 
+/**
+ * Stop sequences as a list of strings (chat's `stop` may also be one string), or undefined for
+ * none; any other value is refused here rather than sent on for the provider's own 400 (found in
+ * review: chat's `stop: 5` reached Anthropic as `stop_sequences: 5`).
+ */
+export function stopSequences(value: unknown, param: string, orString: boolean): string[] | undefined {
+  if (value === undefined || value === null) return undefined;
+  if (orString && typeof value === 'string') return [value];
+  if (!Array.isArray(value) || !value.every((s) => typeof s === 'string')) {
+    refuse(param, `"${param}" must be ${orString ? 'a string or ' : ''}an array of strings.`);
+  }
+  return value.length > 0 ? value as string[] : undefined;
+}
+
 /** Text of a string or an array of text parts (other parts refused, naming `param`). */
 export function textOf(content: unknown, param: string): string {
   if (typeof content === 'string') return content;

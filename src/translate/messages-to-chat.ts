@@ -1,6 +1,6 @@
 import { isObj } from '../protocols/common.js';
 import { eventData, type ParsedEvents } from '../providers/sse.js';
-import { answerArguments, checkKnown, eventObject, lookup, refuse, shown, StreamEnded, textOf, toolId, toolName } from './common.js';
+import { answerArguments, checkKnown, eventObject, lookup, refuse, shown, stopSequences, StreamEnded, textOf, toolId, toolName } from './common.js';
 import type { CallFacts, TranslatedRequest, Translation, Translator } from './types.js';
 
 /**
@@ -69,7 +69,8 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   // it too, and the provider's outputLimitField names max_tokens for those that read only that.
   const out: Record<string, unknown> = { model: body.model, messages };
   out[facts.outputLimitField ?? 'max_completion_tokens'] = facts.maxOutputTokens;
-  if (Array.isArray(body.stop_sequences) && body.stop_sequences.length > 0) out.stop = body.stop_sequences;
+  const stop = stopSequences(body.stop_sequences, 'stop_sequences', false);
+  if (stop !== undefined) out.stop = stop;
   if (body.temperature !== undefined && body.temperature !== null) out.temperature = body.temperature;
   if (body.top_p !== undefined && body.top_p !== null) out.top_p = body.top_p;
   if (body.stream === true) {

@@ -29,7 +29,10 @@ const TOOL_TYPE = /^[A-Za-z0-9_.-]{1,64}$/;
  * megabytes long, and the check for names already dropped quadratic (found in review).
  */
 const MAX_NAMED_TOOLS = 8;
-/** Marks the gateway's own `encrypted_content`: an Anthropic thinking block, carried through the client and back. */
+/**
+ * Marks the gateway's own `encrypted_content`: an Anthropic thinking block (or a redacted one,
+ * whose reasoning is encrypted by Anthropic), carried through the client and back.
+ */
 const THINKING = 'mg-thinking-v1:';
 
 
@@ -47,6 +50,7 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   if (typeof body.top_logprobs === 'number' && body.top_logprobs > 0) refuse('top_logprobs', '"top_logprobs" has no equivalent on this model\'s provider.');
   if (body.instructions !== undefined && body.instructions !== null && typeof body.instructions !== 'string') refuse('instructions', '"instructions" must be a string.');
   for (const field of DROPPABLE) if (body[field] !== undefined && body[field] !== null) drop(field);
+  if (body.text !== undefined && body.text !== null && !isObj(body.text)) refuse('text', '"text" must be an object.');
   if (isObj(body.text) && body.text.verbosity !== undefined) drop('text.verbosity');
 
   const system: Block[] = [];
@@ -162,17 +166,23 @@ function tools(body: Record<string, unknown>, out: Record<string, unknown>, name
   toolChoice(body, out, names);
 }
 
-function encodeThinking(thinking: string, signature: string): string {
-  return THINKING + Buffer.from(JSON.stringify({ thinking, signature })).toString('base64');
+function encodeThinking(block: { thinking: string; signature: string } | { redacted: string }): string {
+  return THINKING + Buffer.from(JSON.stringify(block)).toString('base64');
 }
 
 function decodeThinking(encrypted: string): Block | null {
   try {
-    const { thinking, signature } = JSON.parse(Buffer.from(encrypted.slice(THINKING.length), 'base64').toString('utf8')) as Record<string, unknown>;
+    const { thinking, signature, redacted } = JSON.parse(Buffer.from(encrypted.slice(THINKING.length), 'base64').toString('utf8')) as Record<string, unknown>;
+    if (typeof redacted === 'string') return { type: 'redacted_thinking', data: redacted };
     return typeof thinking === 'string' && typeof signature === 'string' ? { type: 'thinking', thinking, signature } : null;
   } catch {
     return null;
   }
+}
+
+/** A redacted thinking block as a reasoning item without a summary; given back, it is the block again. */
+function redactedItem(id: string, data: string): Record<string, unknown> {
+  return { type: 'reasoning', id, summary: [], encrypted_content: encodeThinking({ redacted: data }) };
 }
 
 /** Responses usage from Anthropic's: `input_tokens` there includes the cache reads and writes. */
@@ -227,8 +237,12 @@ function answer(json: Record<string, unknown>, call: Translation): Record<string
       flush();
       output.push({
         type: 'reasoning', id: `rs_${call.itemPrefix}_${output.length}`, summary: [{ type: 'summary_text', text: block.thinking }],
-        encrypted_content: encodeThinking(block.thinking, String(block.signature ?? '')),
+        encrypted_content: encodeThinking({ thinking: block.thinking, signature: String(block.signature ?? '') }),
       });
+    } else if (block.type === 'redacted_thinking' && typeof block.data === 'string') {
+      // Found in review: dropped, so a tool loop's turn that had one could not be given back.
+      flush();
+      output.push(redactedItem(`rs_${call.itemPrefix}_${output.length}`, block.data));
     }
   }
   flush();
@@ -246,7 +260,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
   let stop: unknown = null;
   let usage: Record<string, unknown> = {};
   const output: Record<string, unknown>[] = [];
-  const open = new Map<unknown, { index: number; item: Record<string, unknown>; text: string; signature: string }>();
+  const open = new Map<unknown, { index: number; item: Record<string, unknown>; text: string; signature: string; redacted: boolean }>();
   const emit = (type: string, fields: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: sequence++, ...fields })}\n\n`;
   const start = () => {
     if (started) return '';
@@ -300,9 +314,13 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
           item = { type: 'reasoning', id: `rs_${call.itemPrefix}_${index}`, summary: [] };
           out += emit('response.output_item.added', { output_index: index, item });
           out += emit('response.reasoning_summary_part.added', { item_id: item.id, output_index: index, summary_index: 0, part: { type: 'summary_text', text: '' } });
+        } else if (block.type === 'redacted_thinking' && typeof block.data === 'string') {
+          // Whole at its start (no deltas); done at its stop.
+          item = redactedItem(`rs_${call.itemPrefix}_${index}`, block.data);
+          out += emit('response.output_item.added', { output_index: index, item: { ...item, encrypted_content: undefined } });
         } else return out; // server tool blocks and their results: the model's own business
         output.push(item);
-        open.set(msg.index, { index, item, text: '', signature: '' });
+        open.set(msg.index, { index, item, text: '', signature: '', redacted: block.type === 'redacted_thinking' });
         return out;
       }
       case 'content_block_delta': {
@@ -341,9 +359,9 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
           const args = text === '' ? '{}' : text;
           Object.assign(item, { status: 'completed', arguments: args });
           out += emit('response.function_call_arguments.done', { ...where, arguments: args });
-        } else {
+        } else if (!block.redacted) {
           const part = { type: 'summary_text', text };
-          Object.assign(item, { summary: [part], encrypted_content: encodeThinking(text, block.signature) });
+          Object.assign(item, { summary: [part], encrypted_content: encodeThinking({ thinking: text, signature: block.signature }) });
           out += emit('response.reasoning_summary_text.done', { ...where, summary_index: 0, text });
           out += emit('response.reasoning_summary_part.done', { ...where, summary_index: 0, part });
         }

@@ -128,6 +128,9 @@ describe('chat client -> Anthropic provider', () => {
     refused(chatToMessages, { model: 'm', messages: m, response_format: { type: 'json_object' } }, 'response_format');
     refused(chatToMessages, { model: 'm', messages: m, temperature: 1.5 }, 'temperature');
     refused(chatToMessages, { model: 'm', messages: m, audio: { voice: 'x' } }, 'audio');
+    // Stop sequences of another type are refused here, not sent on for the provider's 400 (found in review).
+    refused(chatToMessages, { model: 'm', messages: m, stop: 5 }, 'stop');
+    refused(chatToMessages, { model: 'm', messages: m, stop: ['END', 7] }, 'stop');
     refused(chatToMessages, { model: 'm', messages: [{ role: 'user', content: [{ type: 'input_audio', input_audio: {} }] }] }, 'messages[0].content[0]');
     refused(chatToMessages, { model: 'm', messages: [{ role: 'assistant', tool_calls: [{ id: 'c', function: { name: 'f', arguments: '{oops' } }] }] },
       'messages[0].tool_calls[0].function.arguments');
@@ -290,6 +293,7 @@ describe('Anthropic client -> OpenAI provider', () => {
     refused(messagesToChat, { model: 'm', max_tokens: 10, messages: m, tools: [{ type: 'web_search_20250305', name: 'web_search' }] }, 'tools[0]');
     refused(messagesToChat, { model: 'm', max_tokens: 10, messages: m, mcp_servers: [] }, 'mcp_servers');
     refused(messagesToChat, { model: 'm', max_tokens: 10, messages: m, surprise: 1 }, 'surprise');
+    refused(messagesToChat, { model: 'm', max_tokens: 10, messages: m, stop_sequences: 'END' }, 'stop_sequences');
     refused(messagesToChat, { model: 'm', max_tokens: 10, messages: [{ role: 'user', content: [{ type: 'tool_result', tool_use_id: 't', content: [{ type: 'image', source: {} }] }] }] },
       'messages[0].content[0].content[0]');
   });
@@ -449,6 +453,35 @@ describe('Responses client -> Anthropic provider', () => {
     assert.ok(responsesToMessages.request(foreign, facts(foreign, { maxOutputTokens: 8000 })).dropped.includes('reasoning'));
   });
 
+  test('answer and stream: a redacted thinking block is a reasoning item without a summary, and comes back as the block (found in review: dropped)', () => {
+    const redacted = { type: 'redacted_thinking', data: 'EmwKAhgBEgy3va3pzix/LafPsn4a' };
+    const toolUse = { type: 'tool_use', id: 'toolu_7', name: 'exec_command', input: { cmd: 'ls' } };
+    const givenBack = (items: unknown[]) => {
+      const body = codexLike({ input: [{ type: 'message', role: 'user', content: 'go' }, ...items, { type: 'function_call_output', call_id: 'toolu_7', output: 'a.txt' }] });
+      const out = responsesToMessages.request(body, facts(body, { maxOutputTokens: 8000 })).body;
+      assert.deepEqual((out.messages as Turn[])[1], { role: 'assistant', content: [redacted, toolUse] });
+      assert.deepEqual(out.thinking, { type: 'enabled', budget_tokens: 4096 }, 'thinking stays on');
+    };
+    const answer = responsesToMessages.answer({ id: 'msg_7', stop_reason: 'tool_use', usage: {}, content: [redacted, toolUse] }, translation(responsesToMessages, codexLike()));
+    const output = answer.output as Array<Record<string, unknown>>;
+    assert.deepEqual([output[0]!.type, output[0]!.summary], ['reasoning', []]);
+    givenBack(output);
+    // Streamed: whole in content_block_start, with no deltas.
+    const events = [
+      { type: 'message_start', message: { id: 'msg_7', usage: { input_tokens: 5 } } },
+      { type: 'content_block_start', index: 0, content_block: redacted }, { type: 'content_block_stop', index: 0 },
+      { type: 'content_block_start', index: 1, content_block: { ...toolUse, input: {} } },
+      { type: 'content_block_delta', index: 1, delta: { type: 'input_json_delta', partial_json: '{"cmd":"ls"}' } }, { type: 'content_block_stop', index: 1 },
+      { type: 'message_delta', delta: { stop_reason: 'tool_use' }, usage: { output_tokens: 3 } }, { type: 'message_stop' },
+    ];
+    const bytes = Buffer.from(events.map((e) => `event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`).join(''));
+    const streamed = json(replay(bytes, bytes.length, responsesToMessages.stream(translation(responsesToMessages, codexLike()))));
+    const completed = streamed.at(-1)!.response as { output: unknown[] };
+    const done = streamed.find((e) => e.type === 'response.output_item.done')!.item as Record<string, unknown>;
+    assert.deepEqual(done, completed.output[0]);
+    givenBack(completed.output);
+  });
+
   test('request: text.format json_schema becomes output_config.format, and the answer says the format it was asked', () => {
     const schema = { type: 'object', properties: { name: { type: 'string' } }, required: ['name'], additionalProperties: false };
     const body = { model: 'm', input: 'x', text: { format: { type: 'json_schema', name: 'Person', strict: true, schema } } };
@@ -458,6 +491,7 @@ describe('Responses client -> Anthropic provider', () => {
 
   test('request: what Anthropic cannot express is 400 naming the field', () => {
     refused(responsesToMessages, { model: 'm', input: 'x', previous_response_id: 'resp_1' }, 'previous_response_id');
+    refused(responsesToMessages, { model: 'm', input: 'x', text: 'json' }, 'text');
     refused(responsesToMessages, { model: 'm', input: 'x', text: { format: { type: 'json_schema' } } }, 'text.format');
     refused(responsesToMessages, { model: 'm', input: [{ type: 'item_reference', id: 'x' }] }, 'input[0]');
     refused(responsesToMessages, { model: 'm', input: 'x', temperature: 2 }, 'temperature');
