@@ -10,7 +10,7 @@ import { baseHeaders, sendErrorSpec } from '../http/reply.js';
 import { noLongerWaiting, whenConnectionCloses } from '../http/pipelined.js';
 import { bytesTaken, watchedAnswers } from '../http/slow-readers.js';
 import type { LedgerEntry } from '../ledger/types.js';
-import type { Limiter, Ticket } from '../limiter/types.js';
+import type { Limiter, Rejection, Ticket } from '../limiter/types.js';
 import type { Logger } from '../log.js';
 import type { Metrics } from '../metrics.js';
 import { costMicro, MAX_TOKENS, type Usage } from '../money.js';
@@ -45,6 +45,8 @@ export interface CallHost {
   done(ctx: RequestContext): void;
   /** Answers a fault (a bug: 500, never a stack trace). */
   fault(ctx: RequestContext, res: ServerResponse, err: unknown): void;
+  /** Answers a limiter denial with its contract error. */
+  reject(ctx: RequestContext, res: ServerResponse, rejection: Rejection): void;
 }
 
 /** The most input a provider's count before a call is believed: the largest context window there is (Llama 4 Scout's 10M tokens). */
@@ -107,6 +109,8 @@ export class BilledCall implements Exchange {
     readonly inputTokens: number,
     readonly maxOutputTokens: number,
     private readonly ticket: Ticket,
+    /** The reservation of a billable call for `inputTokens` of input; null for a free call. */
+    private readonly reservationFor: ((inputTokens: number) => number) | null = null,
   ) {
     this.body = call.body;
     this.stream = call.stream;
@@ -200,13 +204,39 @@ export class BilledCall implements Exchange {
   /**
    * A count above MAX_COUNTED_INPUT (no model reads that much) is taken down to it, and logged:
    * a broken provider's 999,999,999 made a client leaving early $2,000 of charge (found in review).
+   * A count above the estimate raises the call's reservation to it, with the cap and balance
+   * checked again (Limiter.raise), before `then` sends the call: a file's or a stored context's
+   * input, which the estimate cannot see, counts against the cap while the call runs, and calls
+   * sent together with such input no longer each pass a cap that the first of them reaches
+   * (found in review: 50 calls holding a 100-page PDF each were admitted on 3,000 tokens apiece).
    */
-  noteInputCount(tokens: number): void {
+  noteInputCount(tokens: number, then: () => void): void {
     if (tokens > MAX_COUNTED_INPUT) {
       this.gw.logger.warn('provider counted more input than any model reads', { request_id: this.ctx.id, model: this.model.id, input_tokens: tokens, ceiling: MAX_COUNTED_INPUT });
       tokens = MAX_COUNTED_INPUT;
     }
     if (tokens > this.countedInput) this.countedInput = tokens;
+    const account = this.ctx.key?.account;
+    if (this.reservationFor === null || account === undefined || tokens <= this.inputTokens || this.settled) return then();
+    let answer: Rejection | null | Promise<Rejection | null>;
+    try {
+      answer = this.gw.limiter.raise(this.ticket, account, this.reservationFor(tokens));
+    } catch (err) {
+      return this.crash(err);
+    }
+    if (!(answer instanceof Promise)) return this.raised(answer, then);
+    answer.then((rejection) => this.raised(rejection, then), (err: unknown) => {
+      if (!this.aborted) this.crash(err); // the limiter unreachable: 503, nothing sent
+    });
+  }
+
+  /** After a raise: the call goes on, or is refused as an admission is (free: nothing was sent). */
+  private raised(rejection: Rejection | null, then: () => void): void {
+    if (this.aborted) return; // the client left meanwhile: its close gave everything back
+    if (rejection === null) return this.guarded(then);
+    this.gw.metrics.admission(rejection.reason);
+    if (!this.settled) this.chargeAside(NO_USAGE, false);
+    this.gw.reject(this.ctx, this.res, rejection);
   }
 
   noteUnreportedInput(tokens: number): void {

@@ -24,6 +24,10 @@ export function checkAdmission(account: AccountLimits, key: KeyLimits, estimateM
   if (estimateMicro !== null && !isMicro(estimateMicro)) throw fault('estimate', estimateMicro);
 }
 
+export function checkEstimate(estimateMicro: number): void {
+  if (!isMicro(estimateMicro)) throw fault('estimate', estimateMicro);
+}
+
 export function checkCost(costMicro: number): void {
   if (!isMicro(costMicro)) throw fault('cost', costMicro);
 }

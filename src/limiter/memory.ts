@@ -1,7 +1,7 @@
 import { DAY_MS, nextUtcMidnight, type Clock } from '../clock.js';
 import { CREDIT_KEY_DAYS } from '../ledger/book.js';
 import { addMicro } from '../money.js';
-import { checkAdmission, checkCost, checkCredit, checkRestore } from './guard.js';
+import { checkAdmission, checkCost, checkCredit, checkEstimate, checkRestore } from './guard.js';
 import {
   Rejection, type AccountLimits, type AccountSnapshot, type Decision, type InstantDecision, type KeyLimits, type Limiter,
   type Settlement, type Ticket,
@@ -33,7 +33,7 @@ class MemoryTicket implements Ticket {
     readonly money: MoneyState | null,
     readonly prepaid: boolean,
     readonly idempotencyId: string | null,
-    readonly reservedMicro: number,
+    public reservedMicro: number,
   ) {}
 }
 
@@ -65,6 +65,25 @@ class Sweeper<V> {
 const rateIdle = (s: RateState, now: number) => s.inFlight === 0 && (s.window === null || s.window.idle(now));
 const moneyIdle = (s: MoneyState, now: number) =>
   s.reservedMicro === 0 && s.balanceMicro === 0 && (s.spentMicro === 0 || s.day < Math.floor(now / DAY_MS));
+
+/**
+ * Why a call reserving `estimateMicro` more is refused, given the reservations `reservedMicro`,
+ * or null. A cap is "reached", not predicted: the call's own estimate is not added.
+ */
+function moneyRefusal(
+  account: Pick<AccountLimits, 'dailyCapMicro' | 'prepaid'>, money: MoneyState, reservedMicro: number, estimateMicro: number, now: number,
+): Rejection | null {
+  if (account.dailyCapMicro !== null && money.spentMicro + reservedMicro >= account.dailyCapMicro) {
+    return new Rejection('daily_cap_exceeded', 0, nextUtcMidnight(now));
+  }
+  if (account.prepaid && money.balanceMicro - reservedMicro <= 0) return new Rejection('insufficient_balance', 0);
+  // Reservations stay a safe integer: a sum past 2^53 (thousands of calls of a million
+  // dollars each, which no real traffic reaches) is refused rather than rounded.
+  if (reservedMicro + estimateMicro > Number.MAX_SAFE_INTEGER) {
+    return account.dailyCapMicro !== null ? new Rejection('daily_cap_exceeded', 0, nextUtcMidnight(now)) : new Rejection('insufficient_balance', 0);
+  }
+  return null;
+}
 
 /**
  * The in-process limiter: every decision synchronous and O(1), time from an injected clock.
@@ -115,16 +134,8 @@ export class MemoryLimiter implements Limiter {
     let money: MoneyState | null = null;
     if (estimateMicro !== null) {
       money = this.moneyOf(account.id, now);
-      // A cap is "reached", not predicted: the request's own estimate is not added.
-      if (account.dailyCapMicro !== null && money.spentMicro + money.reservedMicro >= account.dailyCapMicro) {
-        return new Rejection('daily_cap_exceeded', 0, nextUtcMidnight(now));
-      }
-      if (account.prepaid && money.balanceMicro - money.reservedMicro <= 0) return new Rejection('insufficient_balance', 0);
-      // Reservations stay a safe integer: a sum past 2^53 (thousands of calls of a million
-      // dollars each, which no real traffic reaches) is refused rather than rounded.
-      if (money.reservedMicro + (estimateMicro as number) > Number.MAX_SAFE_INTEGER) {
-        return account.dailyCapMicro !== null ? new Rejection('daily_cap_exceeded', 0, nextUtcMidnight(now)) : new Rejection('insufficient_balance', 0);
-      }
+      const refused = moneyRefusal(account, money, money.reservedMicro, estimateMicro, now);
+      if (refused !== null) return refused;
     }
 
     const a = this.rateOf(this.accounts, account.id);
@@ -159,6 +170,20 @@ export class MemoryLimiter implements Limiter {
     if (account.rpm !== null) a.window!.record(now);
     if (k !== null && key.rpm !== null) k.window!.record(now);
     return ADMITTED;
+  }
+
+  raise(ticket: Ticket, account: AccountLimits, estimateMicro: number): Rejection | null {
+    checkEstimate(estimateMicro);
+    const t = ticket as MemoryTicket;
+    if (t.settled || t.money === null || estimateMicro <= t.reservedMicro) return null;
+    const now = this.clock.now();
+    // Reservations are the ticket's own state's (as settle and release use), spend and balance today's.
+    const others = t.money.reservedMicro - t.reservedMicro;
+    const refused = moneyRefusal({ dailyCapMicro: account.dailyCapMicro, prepaid: t.prepaid }, this.moneyOf(t.accountId, now), others, estimateMicro, now);
+    if (refused !== null) return refused;
+    t.money.reservedMicro = others + estimateMicro;
+    t.reservedMicro = estimateMicro;
+    return null;
   }
 
   settle(ticket: Ticket, costMicro: number): Settlement {

@@ -235,8 +235,13 @@ return 1
  *   'r' id reserved       release: slot, idempotency key, and a reservation never settled
  *        (`reserved` 0 when its settlement answered: nothing left to give back);
  *        'rk' (KEYS ks), 'ri' (KEYS i), 'rki' (KEYS ks i) as for an admission
+ *   'u' id estimate cap prepaid   raise: the reservation becomes `estimate` (the provider
+ *        counted the input above the admission's estimate), checked as an admission is, with
+ *        the others' reservations and not its own; nothing when the reservation is gone (its
+ *        lease ran out, or it was settled). Once a raise was sent, the ticket's settlement and
+ *        release send `reserved` -1: the amount is looked up (the raise's answer may not be in).
  * Returns one reply per op, short in the common case (every reply is built by Redis and parsed by
- * the gateway): admit 'ok' or {reason, wait, resetsAt} (reason 'restore' too), settle the
+ * the gateway): admit and raise 'ok' or {reason, wait, resetsAt} (reason 'restore' too), settle the
  * balance after it or {'restore'}, release 1; an op that failed: {'error', message}.
  *
  * This is BATCH's code without its call: `batch(KEYS, ARGV)` runs one call. It runs as a
@@ -405,6 +410,20 @@ local function limits(v)
   return r
 end
 
+-- Why a call reserving \`est\` more is refused, given the reservations \`resv\` (a cap is reached,
+-- not predicted: its own estimate is not added), or nil.
+local function moneyRefusal(resv, est, cap, prepaid)
+  local spent = mget('spent')
+  if mget('day') < day then spent = 0 end -- a later day (Redis's clock stepped back) keeps its spend
+  if cap >= 0 and spent + resv >= cap then return {'daily_cap_exceeded', 0, (day + 1) * 86400000} end
+  if prepaid and mget('bal') - resv <= 0 then return {'insufficient_balance', 0, 0} end
+  if resv + est > SAFE then
+    if cap >= 0 then return {'daily_cap_exceeded', 0, (day + 1) * 86400000} end
+    return {'insufficient_balance', 0, 0}
+  end
+  return nil
+end
+
 local function admit(kwt, kwn, ks, ik, haskey, hasidem, id, a_limits, a_est, a_flags)
   -- Ids are new (the instance's prefix and a counter); one already taken in this call is refused.
   if type(id) ~= 'string' or id == '' or pending(S, id) then return bad('id') end
@@ -423,15 +442,8 @@ local function admit(kwt, kwn, ks, ik, haskey, hasidem, id, a_limits, a_est, a_f
   if hasidem and redis.call('EXISTS', ik) == 1 then return {'idempotency_conflict', 0, 0} end
 
   if est >= 0 then
-    local spent = mget('spent')
-    if mget('day') < day then spent = 0 end -- a later day (Redis's clock stepped back) keeps its spend
-    local resv = mget('resv')
-    if cap >= 0 and spent + resv >= cap then return {'daily_cap_exceeded', 0, (day + 1) * 86400000} end
-    if prepaid and mget('bal') - resv <= 0 then return {'insufficient_balance', 0, 0} end
-    if resv + est > SAFE then
-      if cap >= 0 then return {'daily_cap_exceeded', 0, (day + 1) * 86400000} end
-      return {'insufficient_balance', 0, 0}
-    end
+    local refused = moneyRefusal(mget('resv'), est, cap, prepaid)
+    if refused then return refused end
   end
 
   local wait = rpmwait(W, N, rpm)
@@ -459,13 +471,18 @@ end
 -- A reservation given back by its settlement or its release. The op carries what the admission
 -- reserved (0 when nothing is left to give: none was made, or the settlement gave it already),
 -- so no lookup is needed: one HDEL, whose answer says whether it was still there (a lease that
--- ran out gave it back already).
+-- ran out gave it back already). -1: a raised reservation, looked up.
 -- Returns false when the reservation was gone already.
 local function giveBack(id, est)
   local made = reserved[id]
   if made then -- made earlier in this call: it never reaches Redis
     reserved[id] = nil
     madd('resv', -made)
+  elseif est < 0 then
+    local amount = redis.call('HGET', R, id)
+    if not amount then return false end
+    redis.call('HDEL', R, id)
+    madd('resv', -num(amount))
   elseif est > 0 then
     if redis.call('HDEL', R, id) == 0 then return false end
     madd('resv', -est)
@@ -474,7 +491,7 @@ local function giveBack(id, est)
 end
 
 local function settle(id, a_cost, a_prepaid, a_est)
-  local cost, prepaid, est = int(a_cost, 0, SAFE), flag(a_prepaid), int(a_est, 0, SAFE)
+  local cost, prepaid, est = int(a_cost, 0, SAFE), flag(a_prepaid), int(a_est, -1, SAFE)
   if type(id) ~= 'string' or id == '' then return bad('id') end
   if cost == nil then return bad('cost') end
   if prepaid == nil then return bad('flag') end
@@ -511,12 +528,12 @@ end
 -- the lease is gone (the same rule).
 local function resettle(id, a_cost, a_prepaid, a_est)
   if type(id) ~= 'string' or id == '' then return bad('id') end
-  local cost, prepaid, est = int(a_cost, 0, SAFE), flag(a_prepaid), int(a_est, 0, SAFE)
+  local cost, prepaid, est = int(a_cost, 0, SAFE), flag(a_prepaid), int(a_est, -1, SAFE)
   if cost == nil then return bad('cost') end
   if prepaid == nil then return bad('flag') end
   if est == nil then return bad('est') end
   if nosrc() then return {'restore'} end
-  if est > 0 and reserved[id] == nil and redis.call('HEXISTS', R, id) == 0 then
+  if est ~= 0 and reserved[id] == nil and redis.call('HEXISTS', R, id) == 0 then
     local note = redis.call('GET', X .. ':' .. id)
     if note == 'l' or (note ~= 'r' and (needsrc or redis.call('ZSCORE', S, id))) then return mget('bal') end
   end
@@ -525,7 +542,7 @@ local function resettle(id, a_cost, a_prepaid, a_est)
 end
 
 local function release(ks, ik, haskey, hasidem, id, a_est)
-  local est = int(a_est, 0, SAFE)
+  local est = int(a_est, -1, SAFE)
   if type(id) ~= 'string' or id == '' then return bad('id') end
   if est == nil then return bad('est') end
   -- The reservation first: should a later command fail, the lease still runs out by itself.
@@ -535,6 +552,28 @@ local function release(ks, ik, haskey, hasidem, id, a_est)
   if haskey then zrem(ks, id) end
   if hasidem and redis.call('GET', ik) == id then redis.call('DEL', ik) end
   return 1
+end
+
+local function raise(id, a_est, a_cap, a_prepaid)
+  local est, cap, prepaid = int(a_est, 0, SAFE), int(a_cap, -1, SAFE), flag(a_prepaid)
+  if type(id) ~= 'string' or id == '' then return bad('id') end
+  if est == nil then return bad('est') end
+  if cap == nil then return bad('cap') end
+  if prepaid == nil then return bad('flag') end
+  if nosrc() then return {'restore', 0, 0} end
+  expire()
+  local own = reserved[id]
+  if own == nil then
+    own = redis.call('HGET', R, id)
+    if not own then return 'ok' end -- its lease ran out (the reservation went back with it), or it was settled
+    own = num(own)
+  end
+  if est <= own then return 'ok' end
+  local refused = moneyRefusal(mget('resv') - own, est, cap, prepaid)
+  if refused then return refused end
+  if reserved[id] then reserved[id] = est else redis.call('HSET', R, id, string.format('%.0f', est)) end
+  madd('resv', est - own)
+  return 'ok'
 end
 
 -- An admission's or release's kind says which of its own keys follow: k, the key's
@@ -565,6 +604,9 @@ local function batch(KEYS, ARGV)${CLOCK}
       if haskey then kwt, kwn, ks, k = KEYS[k], KEYS[k + 1], KEYS[k + 2], k + 3 end
       if hasidem then ik, k = KEYS[k], k + 1 end
       ok, res = pcall(admit, kwt, kwn, ks, ik, haskey, hasidem, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+      a = a + 5
+    elseif kind == 'u' then
+      ok, res = pcall(raise, ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
       a = a + 5
     elseif has ~= nil then -- r
       local haskey, hasidem = has[1], has[2]

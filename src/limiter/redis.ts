@@ -3,7 +3,7 @@ import type { RedisClientType } from 'redis';
 import { GatewayError } from '../errors.js';
 import type { Logger } from '../log.js';
 import type { AccountTotals } from '../ledger/types.js';
-import { checkAdmission, checkCost, checkCredit } from './guard.js';
+import { checkAdmission, checkCost, checkCredit, checkEstimate } from './guard.js';
 import { BatchQueue, type BatchOp } from './redis-batch.js';
 import { BATCH, BATCH_LIBRARY, batchFunction, CREDIT, RENEW, RESTORE, SNAPSHOT } from './redis-scripts.js';
 import {
@@ -50,14 +50,24 @@ class RedisTicket implements Ticket {
   resend = false;
   /** Its latest settlement, settled once its outcome is handled (close waits for it). */
   attempt: Promise<void> | null = null;
+  /**
+   * A raise of its reservation was sent: its settlement and release then have Redis look the
+   * amount up (-1), as the raise's answer may come after them, or never.
+   */
+  raised = false;
   constructor(
     readonly id: string,
     readonly accountId: string,
     readonly keyId: string | null,
     readonly idempotencyKey: string | null,
     readonly prepaid: boolean,
-    readonly reservedMicro: number,
+    public reservedMicro: number,
   ) {}
+
+  /** What its settlement or release gives back: the amount, or -1 for Redis to look it up. */
+  get reservedArg(): string {
+    return this.raised ? '-1' : String(this.reservedMicro);
+  }
 }
 
 const ADMITTED: InstantDecision = Object.freeze({ ok: true as const });
@@ -248,9 +258,36 @@ export class RedisLimiter implements Limiter {
     return this.sendSettle(t, 's').then((balance) => ({ balanceAfterMicro: t.prepaid ? Number(balance) : null }));
   }
 
+  /**
+   * Raises the reservation after a count (see Limiter.raise), as an op of the account's batch.
+   * A raise whose answer is lost fails the call (503, nothing sent upstream); either way the
+   * ticket's settlement and release look the amount up, so what Redis reserved is given back.
+   */
+  raise(ticket: Ticket, account: AccountLimits, estimateMicro: number): Promise<Rejection | null> {
+    try {
+      checkEstimate(estimateMicro);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    const t = ticket as RedisTicket;
+    if (t.settled || t.released || estimateMicro <= t.reservedMicro) return Promise.resolve(null);
+    t.raised = true;
+    const cap = account.dailyCapMicro === null ? '-1' : String(account.dailyCapMicro);
+    const args = ['u', t.id, String(estimateMicro), cap, t.prepaid ? '1' : '0'];
+    return this.withMoney(t.accountId, () => this.queue(t.accountId, NO_KEYS, args)).then((r) => {
+      if (r !== 'ok') {
+        const [reason, wait, resetsAt] = r as [string, number, number];
+        return new Rejection(reason as RejectReason, Number(wait), Number(resetsAt));
+      }
+      // Kept for its lease renewals, which take the reservation again should the lease be lost.
+      if (estimateMicro > t.reservedMicro) t.reservedMicro = estimateMicro;
+      return null;
+    });
+  }
+
   private sendSettle(t: RedisTicket, kind: 's' | 'S'): Promise<unknown> {
     t.resend = false;
-    const args = [kind, t.id, String(t.owed), t.prepaid ? '1' : '0', String(t.reservedMicro)];
+    const args = [kind, t.id, String(t.owed), t.prepaid ? '1' : '0', t.reservedArg];
     // An answer that comes after the deadline failed the op: applied (a balance) or not (an error, 'restore').
     const late = (reply: unknown) => {
       if (typeof reply === 'number') this.settled(t, true);
@@ -337,7 +374,7 @@ export class RedisLimiter implements Limiter {
     const kind = t.keyId !== null ? (t.idempotencyKey !== null ? 'rki' : 'rk') : t.idempotencyKey !== null ? 'ri' : 'r';
     // A settlement that answered gave the reservation back: 0 spares the script a lookup. One
     // still out, or lost, may have given it too: the script then finds nothing to give.
-    const reserved = t.givenBack ? '0' : String(t.reservedMicro);
+    const reserved = t.givenBack ? '0' : t.reservedArg;
     // Lost with the connection (or never sent): kept for its return.
     const reject = () => {
       if (!this.client.isReady) this.keepUnsent(t);

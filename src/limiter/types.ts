@@ -87,6 +87,15 @@ export interface Limiter {
    */
   admitInstant(account: AccountLimits, key: KeyLimits, idempotencyKey: string | null): MaybeAsync<InstantDecision>;
   /**
+   * Raises the ticket's reservation to `estimateMicro` once the provider counted the call's
+   * input above its estimate (a file, a stored context), before the call is sent: the cap and
+   * balance are checked again as at admission, with the others' reservations (the raised ones
+   * of calls counted meanwhile included) and not its own. A rejection changes nothing (the
+   * call is then refused, free); an estimate not above the reservation, or a ticket settled or
+   * released, changes nothing and is no rejection.
+   */
+  raise(ticket: Ticket, account: AccountLimits, estimateMicro: number): MaybeAsync<Rejection | null>;
+  /**
    * Replaces the ticket's reservation with the real charge `costMicro` (today's spend and,
    * if prepaid, the balance). Done before the answer's final bytes, so the next request sees
    * it. Only the first call per ticket counts (a later one, or one after `release`, charges

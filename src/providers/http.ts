@@ -340,11 +340,13 @@ export class HttpProvider implements Provider {
           if (status >= 200 && status < 300) {
             const counted = outcome.complete ? inputTokensIn(outcome.answer) : null;
             // Nothing believable (cut, too large, not a count): the call goes on estimated, and it shows.
-            if (counted === null) ex.upstreamFailed('count_garbage');
+            if (counted === null) {
+              ex.upstreamFailed('count_garbage');
+              return then();
+            }
             // The files alone: the estimate's text and the count's files (found in review: the
             // count alone dropped the text), in place of the estimate's fixed figure for each.
-            if (counted !== null) ex.noteInputCount(files === null ? counted : Math.max(0, ex.inputTokens - DOCUMENT_TOKENS * files.length) + counted);
-            return then();
+            return ex.noteInputCount(files === null ? counted : Math.max(0, ex.inputTokens - DOCUMENT_TOKENS * files.length) + counted, then);
           }
           if (noCountHere(status, outcome.answer)) return then();
           // A converted input the count refuses (a part or tool it reads otherwise, a chat-only

@@ -73,9 +73,11 @@ export interface Exchange {
   noteUsage(usage: Usage): void;
   /**
    * The provider's count of the request's input, taken before the call (a stored context it
-   * holds, which the request does not carry): an abnormal end is charged at least this input.
+   * holds, or a file, which the request does not carry): an abnormal end is charged at least
+   * this input, and the call's reservation is raised to it. Runs `then` (which sends the call)
+   * unless the raise is refused: the call is then answered with the refusal, and not sent.
    */
-  noteInputCount(tokens: number): void;
+  noteInputCount(tokens: number, then: () => void): void;
   /**
    * Input the provider bills beyond the usage it has reported so far (server tool results that
    * joined the context after its count), as the whole of it so far (set, not added; 0 once a

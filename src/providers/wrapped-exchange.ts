@@ -32,7 +32,7 @@ export class WrappedExchange implements Exchange {
   end(chunk?: string | Buffer): void { this.inner.end(chunk); }
   noteOutput(chars: number): void { this.inner.noteOutput(chars); }
   noteUsage(usage: Usage): void { this.inner.noteUsage(usage); }
-  noteInputCount(tokens: number): void { this.inner.noteInputCount(tokens); }
+  noteInputCount(tokens: number, then: () => void): void { this.inner.noteInputCount(tokens, then); }
   noteUnreportedInput(tokens: number): void { this.inner.noteUnreportedInput(tokens); }
   noteDelivered(delivered: boolean): void { this.inner.noteDelivered(delivered); }
   noteSent(sent: boolean): void { this.inner.noteSent(sent); }

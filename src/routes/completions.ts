@@ -169,7 +169,8 @@ function afterBody(
   // In-flight calls keep the providers they started with across a reload.
   const providers = gw.providers;
   gw.admit(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, estimate), (decision) => {
-    const billed = new BilledCall(gw, ctx, req, res, endpoint, call, text, model, inputTokens, maxOutput, decision);
+    const reservationFor = estimate === null ? null : (tokens: number) => reservation(call, model.price, tokens, reservedOutput);
+    const billed = new BilledCall(gw, ctx, req, res, endpoint, call, text, model, inputTokens, maxOutput, decision, reservationFor);
     if (billed.aborted) return; // the client left while admission was awaited: its close gives everything back
     // The usual case, one deployment taking the request as it is: no routing, nothing to allocate.
     const only = usableCount === 1 ? deployments[usable]! : null;

@@ -166,6 +166,45 @@ function conformance(name: string, make: () => Promise<Limiter>, teardown: () =>
       assert.equal((await lim.snapshot(a)).balanceMicro, 500);
     });
 
+    test('a raise after a count: checked as an admission (others only), refused unchanged, given back whole on every path', async () => {
+      const a = fresh({ dailyCapMicro: 1000 });
+      const t1 = (await admit(a, noKey, null, 100)) as Ticket;
+      const t2 = (await admit(a, noKey, null, 100)) as Ticket;
+      const t3 = (await admit(a, noKey, null, 100)) as Ticket;
+      assert.equal(await lim.raise(t1, a, 50), null, 'not above its reservation: nothing');
+      assert.equal(await lim.raise(t1, a, 900), null, 'others 200 < 1000');
+      assert.equal((await lim.snapshot(a)).reservedMicro, 1100);
+      assert.equal(reason(await admit(a, noKey, null, 1)), 'daily_cap_exceeded', 'the raised reservation counts for the next admission');
+      const refused = await lim.raise(t2, a, 300);
+      assert.equal(refused?.reason, 'daily_cap_exceeded', 'others 1000: the cap is reached');
+      assert.equal((await lim.snapshot(a)).reservedMicro, 1100, 'a refused raise changes nothing');
+      // Released while its raise is on its way: what Redis reserved goes back, whatever came first.
+      const raising = lim.raise(t3, { ...a, dailyCapMicro: null }, 5000);
+      lim.release(t3);
+      assert.equal(await raising, null);
+      lim.release(t2);
+      await lim.settle(t1, 700);
+      assert.equal(await lim.raise(t1, a, 2000), null, 'settled: nothing');
+      lim.release(t1);
+      await waitFor(async () => (await lim.snapshot(a)).inFlight === 0);
+      const snap = await lim.snapshot(a);
+      assert.deepEqual([snap.reservedMicro, snap.spentTodayMicro], [0, 700]);
+      // A prepaid balance: the others' reservations against it.
+      const p = fresh({ prepaid: true });
+      await lim.creditOnce(p.id, 500);
+      const q1 = (await admit(p, noKey, null, 100)) as Ticket;
+      const q2 = (await admit(p, noKey, null, 100)) as Ticket;
+      assert.equal(await lim.raise(q1, p, 500), null, 'others 100 < 500');
+      assert.equal((await lim.raise(q2, p, 200))?.reason, 'insufficient_balance');
+      await lim.settle(q1, 450);
+      await lim.settle(q2, 0);
+      lim.release(q1);
+      lim.release(q2);
+      await waitFor(async () => (await lim.snapshot(p)).inFlight === 0);
+      assert.deepEqual([(await lim.snapshot(p)).reservedMicro, (await lim.snapshot(p)).balanceMicro], [0, 50]);
+      for (const bad of [-1, 1.5, 2 ** 53, NaN]) await assert.rejects(async () => lim.raise(q1, p, bad), RangeError, `estimate ${bad}`);
+    });
+
     test('hostile amounts are faults at the door, and take nothing', async () => {
       const a = fresh({ concurrency: 1, rpm: 1 });
       for (const bad of [-1, 1.5, 2 ** 53, 1e308, Infinity, NaN, '5' as unknown as number]) {

@@ -116,7 +116,7 @@ class FakeBilled implements ServedExchange {
   end(): void {}
   noteOutput(): void {}
   noteUsage(): void {}
-  noteInputCount(): void {}
+  noteInputCount(_tokens: number, then: () => void): void { then(); }
   noteSent(): void {}
   noteUnreportedInput(): void {}
   observeUpstream(): void {}
