@@ -28,7 +28,13 @@ const STOP: Record<string, string> = { stop: 'end_turn', length: 'max_tokens', t
  * Anthropic's stop reason for a chat finish reason. Some compatible servers (Ollama, older vLLM)
  * finish a turn that calls tools with "stop": it is still a tool_use turn for an Anthropic client.
  */
-function stopReason(finish: unknown, calledTools: boolean): string {
+/**
+ * Anthropic's stop reason for chat's `finish_reason`. A model that refused (OpenAI's `refusal`,
+ * which structured output answers instead of the JSON asked for, with finish_reason "stop")
+ * stopped for `refusal` (found in review: an end_turn, so a client parsed the refusal as its JSON).
+ */
+function stopReason(finish: unknown, calledTools: boolean, refused = false): string {
+  if (refused) return 'refusal';
   const reason = lookup(STOP, finish) ?? 'end_turn';
   return reason === 'end_turn' && calledTools ? 'tool_use' : reason;
 }
@@ -233,7 +239,8 @@ function answer(json: Record<string, unknown>, call: Translation): Record<string
   const message = isObj(choice.message) ? choice.message : {};
   const content: unknown[] = [];
   if (typeof message.content === 'string' && message.content !== '') content.push({ type: 'text', text: message.content });
-  if (typeof message.refusal === 'string' && message.refusal !== '') content.push({ type: 'text', text: message.refusal });
+  const refused = typeof message.refusal === 'string' && message.refusal !== '';
+  if (refused) content.push({ type: 'text', text: message.refusal });
   if (Array.isArray(message.tool_calls)) {
     message.tool_calls.forEach((tc, k) => {
       if (!isObj(tc)) return;
@@ -243,7 +250,7 @@ function answer(json: Record<string, unknown>, call: Translation): Record<string
   }
   return {
     id: `msg_${toolId(json.id, call.requestId)}`, type: 'message', role: 'assistant', model: call.model, content,
-    stop_reason: stopReason(choice.finish_reason, content.some((b) => (b as { type: string }).type === 'tool_use')), stop_sequence: null,
+    stop_reason: stopReason(choice.finish_reason, content.some((b) => (b as { type: string }).type === 'tool_use'), refused), stop_sequence: null,
     usage: messagesUsage(json.usage),
   };
 }
@@ -263,6 +270,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
   const toolBlock = new Map<number, number>(); // tool call index -> block index
   let finishReason: unknown = null;
   let calledTools = false;
+  let refused = false;
   let usage: Record<string, number> | null = null;
   const start = (id: unknown) => {
     if (started) return '';
@@ -287,7 +295,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
     for (const index of toolBlock.values()) out += event('content_block_stop', { index });
     toolBlock.clear();
     const u = usage ?? { input_tokens: call.inputTokens, output_tokens: 0, cache_read_input_tokens: 0, cache_creation_input_tokens: 0 };
-    return `${out}${event('message_delta', { delta: { stop_reason: stopReason(finishReason, calledTools), stop_sequence: null }, usage: u })}${event('message_stop', {})}`;
+    return `${out}${event('message_delta', { delta: { stop_reason: stopReason(finishReason, calledTools, refused), stop_sequence: null }, usage: u })}${event('message_stop', {})}`;
   };
   return (ev) => {
     // A provider that said why it stopped but sent no usage chunk or [DONE] (some compatible servers) has finished.
@@ -312,7 +320,9 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
     // end), the provider's final event, which the call settles its charge before relaying.
     if (choice === null) return out;
     const delta = isObj(choice.delta) ? choice.delta : {};
-    const piece = typeof delta.content === 'string' && delta.content !== '' ? delta.content : typeof delta.refusal === 'string' && delta.refusal !== '' ? delta.refusal : null;
+    const refusal = typeof delta.refusal === 'string' && delta.refusal !== '' ? delta.refusal : null;
+    if (refusal !== null) refused = true;
+    const piece = typeof delta.content === 'string' && delta.content !== '' ? delta.content : refusal;
     if (piece !== null) {
       if (text < 0) {
         for (const index of toolBlock.values()) out += event('content_block_stop', { index });

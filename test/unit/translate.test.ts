@@ -325,6 +325,14 @@ describe('Anthropic client -> OpenAI provider', () => {
     const streamed = t('data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"f","arguments":"{}"}}]}}]}\n\n') +
       t('data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n') + t('data: [DONE]\n\n');
     assert.deepEqual(json(streamed).find((e) => e.type === 'message_delta')!.delta, { stop_reason: 'tool_use', stop_sequence: null });
+    // Structured output refused: OpenAI says so in `refusal`, finishing with "stop"; Anthropic's answer stopped for refusal (found in review: end_turn).
+    const refusal = messagesToChat.answer({ choices: [{ finish_reason: 'stop', message: { content: null, refusal: 'I cannot help with that.' } }] }, call);
+    assert.deepEqual([refusal.content, refusal.stop_reason], [[{ type: 'text', text: 'I cannot help with that.' }], 'refusal']);
+    const r = messagesToChat.stream(call);
+    const refused = r('data: {"choices":[{"index":0,"delta":{"role":"assistant","content":null,"refusal":""}}]}\n\n') +
+      r('data: {"choices":[{"index":0,"delta":{"refusal":"I cannot"}}]}\n\n') + r('data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n') + r('data: [DONE]\n\n');
+    assert.equal(json(refused).filter((e) => e.type === 'content_block_delta').map((e) => (e.delta as { text: string }).text).join(''), 'I cannot');
+    assert.deepEqual(json(refused).find((e) => e.type === 'message_delta')!.delta, { stop_reason: 'refusal', stop_sequence: null });
   });
 
   test('stream: a recorded OpenAI stream in every two-chunk split gives the same events: message_start with a real input count, blocks, input_json_delta, usage', () => {
