@@ -215,27 +215,36 @@ export class BilledCall implements Exchange {
       this.gw.logger.warn('provider counted more input than any model reads', { request_id: this.ctx.id, model: this.model.id, input_tokens: tokens, ceiling: MAX_COUNTED_INPUT });
       tokens = MAX_COUNTED_INPUT;
     }
-    if (tokens > this.countedInput) this.countedInput = tokens;
     const account = this.ctx.key?.account;
-    if (this.reservationFor === null || account === undefined || tokens <= this.inputTokens || this.settled) return then();
+    if (this.reservationFor === null || account === undefined || tokens <= this.inputTokens || this.settled) {
+      if (tokens > this.countedInput) this.countedInput = tokens;
+      return then();
+    }
     let answer: Rejection | null | Promise<Rejection | null>;
     try {
       answer = this.gw.limiter.raise(this.ticket, account, this.reservationFor(tokens));
     } catch (err) {
       return this.crash(err);
     }
-    if (!(answer instanceof Promise)) return this.raised(answer, then);
-    answer.then((rejection) => this.raised(rejection, then), (err: unknown) => {
+    if (!(answer instanceof Promise)) return this.raised(answer, tokens, then);
+    answer.then((rejection) => this.raised(rejection, tokens, then), (err: unknown) => {
       if (!this.aborted) this.crash(err); // the limiter unreachable: 503, nothing sent
-    });
+    }).catch((err: unknown) => this.crash(err));
   }
 
-  /** After a raise: the call goes on, or is refused as an admission is (free: nothing was sent). */
-  private raised(rejection: Rejection | null, then: () => void): void {
+  /**
+   * After a raise: the call goes on with its count, or is refused as an admission is, not sent
+   * there. (The count is the deployment's that would have had it: a refused call keeps what it
+   * had, and is charged only if an earlier deployment of a routed call had the request.)
+   */
+  private raised(rejection: Rejection | null, tokens: number, then: () => void): void {
     if (this.aborted) return; // the client left meanwhile: its close gave everything back
-    if (rejection === null) return this.guarded(then);
+    if (rejection === null) {
+      if (tokens > this.countedInput) this.countedInput = tokens;
+      return this.guarded(then);
+    }
     this.gw.metrics.admission(rejection.reason);
-    if (!this.settled) this.chargeAside(NO_USAGE, false);
+    if (!this.settled) this.chargeAside(this.delivered ? this.abnormalUsage() : NO_USAGE, this.delivered);
     this.gw.reject(this.ctx, this.res, rejection);
   }
 

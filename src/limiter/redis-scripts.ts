@@ -563,14 +563,18 @@ local function raise(id, a_est, a_cap, a_prepaid)
   if nosrc() then return {'restore', 0, 0} end
   expire()
   local own = reserved[id]
-  if own == nil then
+  local held = own ~= nil
+  if not held then
     own = redis.call('HGET', R, id)
-    if not own then return 'ok' end -- its lease ran out (the reservation went back with it), or it was settled
-    own = num(own)
+    held = own ~= false
+    own = held and num(own) or 0
   end
-  if est <= own then return 'ok' end
+  if held and est <= own then return 'ok' end
   local refused = moneyRefusal(mget('resv') - own, est, cap, prepaid)
   if refused then return refused end
+  -- No reservation here: its lease ran out (it went back with it; the instance's next renewal
+  -- takes the raised amount again, checked now), or a settlement took it. Nothing to write.
+  if not held then return 'ok' end
   if reserved[id] then reserved[id] = est else redis.call('HSET', R, id, string.format('%.0f', est)) end
   madd('resv', est - own)
   return 'ok'

@@ -104,3 +104,58 @@ for (const store of ['memory', 'redis'] as const) {
     });
   });
 }
+
+describe('regression: a routed call refused at a later deployment\'s count is charged as any failed call (review of the raise)', () => {
+  // Deployment a had the whole request (it timed out): it bills it, so the client is charged, though b's count is refused.
+  const a = new FakeUpstream();
+  const b = new FakeUpstream();
+  const c = new FakeUpstream();
+  let gw: Running;
+  const open: ServerResponse[] = [];
+  before(async () => {
+    const [ua, ub, uc] = [await a.start(), await b.start(), await c.start()];
+    gw = await startGateway(testConfig({
+      routing: { maxAttempts: 2, cooldownMs: 1000 },
+      plans: { p: { rpm: 10_000, concurrency: 5, dailyCapUsd: 1 } },
+      accounts: { acct_a: { plan: 'p' } },
+      keys: { key_a: { account: 'acct_a', key: 'sk-a' } },
+      models: {
+        pair: { price: PRICE, deployments: [{ provider: 'a', upstreamModel: 'm' }, { provider: 'b', upstreamModel: 'm', fallback: true }] },
+        solo: { provider: 'c', upstreamModel: 'm', price: PRICE },
+      },
+      providers: {
+        a: { protocol: 'anthropic', baseUrl: ua, timeoutMs: 800 },
+        b: { protocol: 'anthropic', baseUrl: ub, timeoutMs: 5000 },
+        c: { protocol: 'anthropic', baseUrl: uc, timeoutMs: 5000 },
+      },
+    }));
+  });
+  after(async () => {
+    for (const res of open) res.destroy();
+    await gw?.close();
+    await Promise.all([a.close(), b.close(), c.close()]);
+  });
+
+  const send = (model: string) => fetch(`${gw.url}/v1/messages`, {
+    method: 'POST', headers: { authorization: 'Bearer sk-a', 'content-type': 'application/json', 'anthropic-version': '2023-06-01' },
+    body: JSON.stringify({ model, max_tokens: 100, messages: [{ role: 'user', content: [PDF_URL, { type: 'text', text: 'Summarise.' }] }] }),
+  });
+
+  test('delivered to a, which timed out; refused at b\'s count: charged what a had, not b\'s count', async () => {
+    a.queue.push((_req, res) => json(res, 200, { input_tokens: 10 }), (_req, res) => { open.push(res); });
+    b.queue.push((_req, res) => json(res, 200, { input_tokens: PAGES }));
+    c.queue.push((_req, res) => json(res, 200, { input_tokens: PAGES }), (_req, res) => { open.push(res); });
+    const x = send('pair');
+    await until(() => a.seen.some((s) => s.path === '/v1/messages'), 5000, 'x delivered to a');
+    // Another call takes the cap meanwhile: its count raised its reservation to $1.50.
+    void send('solo').catch(() => {});
+    await until(() => c.seen.some((s) => s.path === '/v1/messages'), 5000, 'the other call sent');
+    const refused = await x;
+    assert.equal(refused.status, 402, await refused.text());
+    assert.deepEqual(b.seen.map((s) => s.path), ['/v1/messages/count_tokens'], 'never sent to b');
+    const account = gw.gateway.directory.accounts.get('acct_a')!;
+    const snap = await gw.gateway.limiter.snapshot(account);
+    // The estimate of what a had (about 3,000 tokens of document and text at $3 per million), not b's 500,000.
+    assert.ok(snap.spentTodayMicro > 0 && snap.spentTodayMicro < 100_000, `charged ${snap.spentTodayMicro}`);
+  });
+});
