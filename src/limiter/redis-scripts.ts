@@ -237,8 +237,9 @@ return 1
  *        'rk' (KEYS ks), 'ri' (KEYS i), 'rki' (KEYS ks i) as for an admission
  *   'u' id estimate cap prepaid   raise: the reservation becomes `estimate` (the provider
  *        counted the input above the admission's estimate), checked as an admission is, with
- *        the others' reservations and not its own; nothing when the reservation is gone (its
- *        lease ran out, or it was settled). Once a raise was sent, the ticket's settlement and
+ *        the others' reservations and not its own; checked the same, but nothing written, when
+ *        its reservation is gone (its lease ran out: the next renewal takes the raised amount
+ *        again; or it was settled). Once a raise was sent, the ticket's settlement and
  *        release send `reserved` -1: the amount is looked up (the raise's answer may not be in).
  * Returns one reply per op, short in the common case (every reply is built by Redis and parsed by
  * the gateway): admit and raise 'ok' or {reason, wait, resetsAt} (reason 'restore' too), settle the

@@ -27,11 +27,9 @@ const STOP: Record<string, string> = { stop: 'end_turn', length: 'max_tokens', t
 /**
  * Anthropic's stop reason for a chat finish reason. Some compatible servers (Ollama, older vLLM)
  * finish a turn that calls tools with "stop": it is still a tool_use turn for an Anthropic client.
- */
-/**
- * Anthropic's stop reason for chat's `finish_reason`. A model that refused (OpenAI's `refusal`,
- * which structured output answers instead of the JSON asked for, with finish_reason "stop")
- * stopped for `refusal` (found in review: an end_turn, so a client parsed the refusal as its JSON).
+ * A model that refused (OpenAI's `refusal`, which structured output answers instead of the JSON
+ * asked for, with finish_reason "stop") stopped for `refusal` (found in review: an end_turn, so a
+ * client parsed the refusal as its JSON).
  */
 function stopReason(finish: unknown, calledTools: boolean, refused = false): string {
   if (refused) return 'refusal';
