@@ -13,13 +13,13 @@ import type { LedgerEntry } from '../ledger/types.js';
 import type { Limiter, Rejection, Ticket } from '../limiter/types.js';
 import type { Logger } from '../log.js';
 import type { Metrics } from '../metrics.js';
-import { costMicro, MAX_TOKENS, type Usage } from '../money.js';
+import { costMicro, MAX_TOKENS, type Price, type Usage } from '../money.js';
 import { isObj, tokensOf } from '../protocols/common.js';
 import type { Endpoint, Exchange } from '../providers/types.js';
 import { Watch, type Watchlist } from '../providers/watchlist.js';
 import type { AudioAsked, CallRequest } from '../protocols/types.js';
 import { callEntry } from './entries.js';
-import { audioInputEstimate } from './estimate.js';
+import { audioInputEstimate, reservation } from './estimate.js';
 
 /**
  * What a billed call needs of the gateway, and no more: billing knows nothing of routing,
@@ -81,6 +81,8 @@ export class BilledCall implements Exchange {
   private sentAt = 0;
   /** Input the provider bills beyond what it reported so far (Exchange.noteUnreportedInput). */
   private unreportedInput = 0;
+  /** The price the call was admitted at (its reservation's): `model` is the serving deployment's. */
+  private readonly admittedPrice: Price;
   /** The provider's count of the input, taken before the call (0: none). */
   private countedInput = 0;
   /** Whether the provider has the whole request (and did not refuse it). */
@@ -102,15 +104,15 @@ export class BilledCall implements Exchange {
     private readonly req: IncomingMessage,
     readonly res: ServerResponse,
     readonly endpoint: Endpoint,
-    call: CallRequest,
+    private readonly call: CallRequest,
     readonly text: string,
     /** The model as the deployment serving the call has it (a routed call switches it per attempt: `serve`). */
     public model: ModelEntry,
     readonly inputTokens: number,
     readonly maxOutputTokens: number,
     private readonly ticket: Ticket,
-    /** The reservation of a billable call for `inputTokens` of input; null for a free call. */
-    private readonly reservationFor: ((inputTokens: number) => number) | null = null,
+    /** The output a billable call reserved for (with its input, at its model's price: `reservation`); null for a free call. */
+    private readonly reservedOutput: number | null = null,
   ) {
     this.body = call.body;
     this.stream = call.stream;
@@ -118,6 +120,7 @@ export class BilledCall implements Exchange {
     this.audio = call.audio ?? null;
     this.searchesPerCall = call.searchesPerCall ?? 0;
     this.requestId = ctx.id;
+    this.admittedPrice = model.price;
     this.maxAttempts = gw.config.routing.maxAttempts;
     gw.inFlight++;
     // With a remote limiter the client may have gone while admission was awaited: then
@@ -216,13 +219,13 @@ export class BilledCall implements Exchange {
       tokens = MAX_COUNTED_INPUT;
     }
     const account = this.ctx.key?.account;
-    if (this.reservationFor === null || account === undefined || tokens <= this.inputTokens || this.settled) {
+    if (this.reservedOutput === null || account === undefined || tokens <= this.inputTokens || this.settled) {
       if (tokens > this.countedInput) this.countedInput = tokens;
       return then();
     }
     let answer: Rejection | null | Promise<Rejection | null>;
     try {
-      answer = this.gw.limiter.raise(this.ticket, account, this.reservationFor(tokens));
+      answer = this.gw.limiter.raise(this.ticket, account, reservation(this.call, this.admittedPrice, tokens, this.reservedOutput));
     } catch (err) {
       return this.crash(err);
     }

@@ -1,4 +1,5 @@
-import { MAX_TOKENS } from '../money.js';
+import { costMicro, MAX_TOKENS, type Price } from '../money.js';
+import type { CallRequest } from '../protocols/types.js';
 
 /**
  * The gateway's estimate of what a request bills as input, before the provider says: it
@@ -164,4 +165,22 @@ export function searchesAllowed(body: Record<string, unknown>): number {
  */
 export function audioInputEstimate(audio: { readonly inputParts: number }, inputTokens: number): number {
   return Math.min(inputTokens, audio.inputParts * DOCUMENT_TOKENS);
+}
+
+/**
+ * What a billable call reserves: its input estimate and output budget, its web searches (those
+ * its tools allow, and those billed a call: its price's, or its request's), and,
+ * when it asks for audio, its audio parts' figures at the audio input price and all of its
+ * output at the audio output price.
+ */
+export function reservation(call: CallRequest, price: Price, inputTokens: number, outputTokens: number): number {
+  const audio = call.audio;
+  const cost = costMicro(price, {
+    inputTokens, outputTokens, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: searchesAllowed(call.body) + Math.max(price.webSearchesPerCall, call.searchesPerCall ?? 0),
+    audioInputTokens: audio?.input != null ? audioInputEstimate(audio, inputTokens) : 0, audioOutputTokens: audio?.output != null ? outputTokens : 0,
+  });
+  // At least a micro-dollar: a Redis settlement sent again knows it was applied by its
+  // reservation being gone, and a billable call that reserved nothing (a model priced for cache
+  // reads or searches only) was charged twice when its first answer was lost (found in review).
+  return cost > 0 ? cost : 1;
 }

@@ -4,8 +4,8 @@ import { bodyRefusal, type BodyResult, readBody, takeBody } from '../http/body.j
 import { bodyShapeProblem } from '../http/body-shape.js';
 import { newRequestId, type RequestContext } from '../http/context.js';
 import { sendError } from '../http/reply.js';
-import { costMicro, MAX_TOKENS, type Price } from '../money.js';
-import { audioInputEstimate, estimateInputTokens, MAX_DEPTH, searchesAllowed } from '../billing/estimate.js';
+import { MAX_TOKENS, type Price } from '../money.js';
+import { estimateInputTokens, MAX_DEPTH, reservation } from '../billing/estimate.js';
 import { WIRES } from '../protocols/index.js';
 import type { AudioAsked, CallRequest, Endpoint, WireProtocol } from '../protocols/types.js';
 import type { Deployment, ModelEntry } from '../directory.js';
@@ -50,24 +50,6 @@ function checkOutputLimits(call: CallRequest, outputTokenLimit: number): { messa
     if (value > outputTokenLimit) return { param: name, message: `"${name}" must be an integer from 1 to ${outputTokenLimit} for this model.` };
   }
   return null;
-}
-
-/**
- * What a billable call reserves: its input estimate and output budget, its web searches (those
- * its tools allow, and those billed a call: its price's, or its request's), and,
- * when it asks for audio, its audio parts' figures at the audio input price and all of its
- * output at the audio output price.
- */
-function reservation(call: CallRequest, price: Price, inputTokens: number, outputTokens: number): number {
-  const audio = call.audio;
-  const cost = costMicro(price, {
-    inputTokens, outputTokens, cacheReadTokens: 0, cacheWriteTokens: 0, webSearches: searchesAllowed(call.body) + Math.max(price.webSearchesPerCall, call.searchesPerCall ?? 0),
-    audioInputTokens: audio?.input != null ? audioInputEstimate(audio, inputTokens) : 0, audioOutputTokens: audio?.output != null ? outputTokens : 0,
-  });
-  // At least a micro-dollar: a Redis settlement sent again knows it was applied by its
-  // reservation being gone, and a billable call that reserved nothing (a model priced for cache
-  // reads or searches only) was charged twice when its first answer was lost (found in review).
-  return cost > 0 ? cost : 1;
 }
 
 /** The field asking for audio the model's prices cannot price (OpenAI bills it far above text), or null. */
@@ -169,8 +151,7 @@ function afterBody(
   // In-flight calls keep the providers they started with across a reload.
   const providers = gw.providers;
   gw.admit(ctx, res, gw.limiter.admit(key.account, key, ctx.idempotencyKey ?? null, estimate), (decision) => {
-    const reservationFor = estimate === null ? null : (tokens: number) => reservation(call, model.price, tokens, reservedOutput);
-    const billed = new BilledCall(gw, ctx, req, res, endpoint, call, text, model, inputTokens, maxOutput, decision, reservationFor);
+    const billed = new BilledCall(gw, ctx, req, res, endpoint, call, text, model, inputTokens, maxOutput, decision, estimate === null ? null : reservedOutput);
     if (billed.aborted) return; // the client left while admission was awaited: its close gives everything back
     // The usual case, one deployment taking the request as it is: no routing, nothing to allocate.
     const only = usableCount === 1 ? deployments[usable]! : null;

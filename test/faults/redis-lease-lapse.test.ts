@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { createClient } from 'redis';
 import { RedisLimiter } from '../../src/limiter/redis.js';
-import type { AccountLimits } from '../../src/limiter/types.js';
+import type { AccountLimits, Ticket } from '../../src/limiter/types.js';
 import { until } from '../helpers/gateway.js';
 import { hasRedis, RedisServer } from '../helpers/redis-server.js';
 
@@ -31,19 +31,25 @@ after(async () => {
   await server.stop();
 });
 
+/** Instance A stops renewing (it cannot reach Redis) until the returned function is called. */
+function cutOff(): () => void {
+  const paused = a as unknown as { renewAll: () => void };
+  const renewAll = paused.renewAll;
+  paused.renewAll = () => {};
+  return () => { paused.renewAll = renewAll; };
+}
+
 test('regression: a lease that lapsed while its call runs is taken again by its next renewal (slot, reservation, Idempotency-Key)', { skip: hasRedis ? false : 'redis-server is not installed' }, async () => {
   const account: AccountLimits = { id: 'acct_l', rpm: null, concurrency: 2, dailyCapMicro: 1_000_000, prepaid: false };
   const key = { id: 'k', rpm: null, concurrency: null };
-  const paused = a as unknown as { renewAll: () => void };
-  const renewAll = paused.renewAll;
-  paused.renewAll = () => {}; // instance A cannot reach Redis for a while
+  const reconnect = cutOff(); // instance A cannot reach Redis for a while
   const first = await a.admit(account, key, 'idem-1', 600);
   assert.ok(first.ok);
   // A's lease runs out; the next admission anywhere (or a look at the account) takes it back.
   await until(async () => (await b.snapshot(account)).inFlight === 0, 5000, 'A\'s lease taken back');
   const second = await b.admit(account, key, 'idem-2', 100);
   assert.ok(second.ok);
-  paused.renewAll = renewAll; // A is back: its call still runs
+  reconnect(); // A is back: its call still runs
   await until(async () => (await b.snapshot(account)).inFlight === 2, 5000, 'A\'s call counted again');
   const s = await b.snapshot(account);
   assert.equal(s.reservedMicro, 700, 'both reservations');
@@ -120,4 +126,47 @@ test('with a shared ledger, after Redis lost its data, a renewal reads the accou
     await client.quit();
     await shared.close();
   }
+});
+
+/*
+ * Found in review of the raise after a count: a ticket whose lease ran out has no reservation in
+ * Redis, and its raise answered 'ok' without the cap check; its next renewal then took the raised
+ * amount again, past a cap that other calls held. The raise of such a ticket is now checked as
+ * any other (with nothing of its own reserved), and a raised ticket's lapse and renewal give
+ * back exactly what they took.
+ */
+const raiseKey = { id: 'k', rpm: null, concurrency: null };
+
+test('a raised ticket whose lease lapses and is taken again gives back exactly what it took', { skip: hasRedis ? false : 'redis-server is not installed' }, async () => {
+  const account: AccountLimits = { id: 'acct_raise_1', rpm: null, concurrency: null, dailyCapMicro: 10_000, prepaid: false };
+  const t = (await a.admit(account, raiseKey, null, 100)) as Ticket;
+  assert.equal(await a.raise(t, account, 900), null);
+  const reconnect = cutOff();
+  await until(async () => (await b.snapshot(account)).inFlight === 0, 5000, 'the lease lapsed');
+  assert.equal((await b.snapshot(account)).reservedMicro, 0);
+  reconnect();
+  await until(async () => (await b.snapshot(account)).inFlight === 1, 5000, 'the lease taken again');
+  assert.equal((await b.snapshot(account)).reservedMicro, 900, 'the raised amount, taken again');
+  await a.settle(t, 500);
+  a.release(t);
+  await until(async () => (await b.snapshot(account)).inFlight === 0, 5000, 'released');
+  const snap = await b.snapshot(account);
+  assert.deepEqual([snap.reservedMicro, snap.spentTodayMicro], [0, 500]);
+});
+
+test('the raise of a ticket whose lease lapsed is checked against the cap the others hold', { skip: hasRedis ? false : 'redis-server is not installed' }, async () => {
+  const account: AccountLimits = { id: 'acct_raise_2', rpm: null, concurrency: null, dailyCapMicro: 1000, prepaid: false };
+  const t1 = (await a.admit(account, raiseKey, null, 100)) as Ticket;
+  const reconnect = cutOff();
+  await until(async () => (await b.snapshot(account)).inFlight === 0, 5000, 'the lease lapsed');
+  const t2 = (await b.admit(account, raiseKey, null, 100)) as Ticket;
+  assert.equal(await b.raise(t2, account, 1000), null);
+  assert.equal((await a.raise(t1, account, 900))?.reason, 'daily_cap_exceeded', 'the others hold the cap');
+  reconnect();
+  await until(async () => (await b.snapshot(account)).inFlight === 2, 5000, 'the lease taken again');
+  assert.equal((await b.snapshot(account)).reservedMicro, 1100, 'its own admission\'s reservation, not the refused raise');
+  a.release(t1);
+  b.release(t2);
+  await until(async () => (await b.snapshot(account)).inFlight === 0, 5000, 'released');
+  assert.equal((await b.snapshot(account)).reservedMicro, 0);
 });
