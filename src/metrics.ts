@@ -105,6 +105,8 @@ const STATUSES = 600;
 export class Metrics {
   private readonly routes = new Map<string, RouteStats>();
   private readonly admissions = new LabeledCounter('mg_admissions_total', 'Limiter decisions: admitted, or the reason of a rejection.', ['result']);
+  /** Apart from mg_admissions_total, which already counted these calls as admitted: one decision per request there. */
+  private readonly raiseRefusals = new LabeledCounter('mg_raise_refusals_total', 'Calls admitted on their estimate and refused when their input count raised the reservation, by reason.', ['reason']);
   private readonly upstreamDuration = new LabeledHistogram('mg_upstream_duration_seconds', 'Time to the provider\'s response headers, by provider.', ['provider']);
   private readonly upstreamErrors = new LabeledCounter('mg_upstream_errors_total', 'Failed provider attempts, by provider and kind.', ['provider', 'kind']);
   private readonly attempts = new LabeledCounter('mg_upstream_attempts_total', 'Calls handed to a provider (every call, and each further deployment a routed call tries), by provider.', ['provider']);
@@ -128,6 +130,10 @@ export class Metrics {
 
   admission(result: string): void {
     this.admissions.add(result);
+  }
+
+  raiseRefusal(reason: string): void {
+    this.raiseRefusals.add(reason);
   }
 
   upstream(provider: string, seconds: number): void {
@@ -177,6 +183,7 @@ export class Metrics {
     requests.render(out);
     duration.render(out);
     this.admissions.render(out);
+    this.raiseRefusals.render(out);
     this.upstreamDuration.render(out);
     this.upstreamErrors.render(out);
     this.attempts.render(out);

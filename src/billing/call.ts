@@ -246,7 +246,7 @@ export class BilledCall implements Exchange {
       if (tokens > this.countedInput) this.countedInput = tokens;
       return this.guarded(then);
     }
-    this.gw.metrics.admission(rejection.reason);
+    this.gw.metrics.raiseRefusal(rejection.reason);
     if (!this.settled) this.chargeAside(this.delivered ? this.abnormalUsage() : NO_USAGE, this.delivered);
     this.gw.reject(this.ctx, this.res, rejection);
   }

@@ -292,7 +292,9 @@ export class FileLedger implements Ledger {
       }
       m = /^(\d{1,10})\.(\d{1,12})$/.exec(after);
       if (m === null) throw badCursor();
-      return await this.below(reader, accountId, limit, [Number(m[1]), Number(m[2])]);
+      const below: [number, number] = [Number(m[1]), Number(m[2])];
+      if (!(await this.issuedBelow(accountId, below))) throw badCursor();
+      return await this.below(reader, accountId, limit, below);
     } finally {
       await reader.close();
     }
@@ -326,6 +328,20 @@ export class FileLedger implements Ledger {
     }
     if (next === null || next === undefined) return { entries, hasMore: false, nextCursor: null };
     return { entries, hasMore: true, nextCursor: `${next[0]}.${next[1]}.${next[2]}` };
+  }
+
+  /**
+   * Whether this ledger can have handed out the old-style cursor `below`: it names a record of the
+   * account written before back pointers, or (the last record a page read down the pointers) one
+   * above them all. A journal begun with pointers never handed one out.
+   */
+  private async issuedBelow(accountId: string, below: [number, number]): Promise<boolean> {
+    if (this.legacyUpTo === 0 || below[0] < 1 || below[0] > this.seq) return false;
+    if (below[0] > this.legacyUpTo) return true;
+    const positions = (await this.legacyIndex(below[0])).get(accountId);
+    if (positions === undefined) return false;
+    for (let i = 0; i < positions.length; i += 2) if (positions[i] === below[1]) return true;
+    return false;
   }
 
   /** History from before back pointers: the account's entries strictly below `below`, through the segment indexes. */

@@ -101,6 +101,11 @@ for (const store of ['memory', 'redis'] as const) {
       await leave(second.req);
       // Charged its count (it left after the provider had it); the refused one nothing.
       assert.ok((await gw.gateway.limiter.snapshot(account())).spentTodayMicro >= 1_500_000);
+      // One decision per request in mg_admissions_total (the refused one was admitted): its refusal is counted apart.
+      const metrics = await (await fetch(`${gw.url}/metrics`)).text();
+      assert.match(metrics, /^mg_admissions_total\{result="admitted"\} 2$/m);
+      assert.match(metrics, /^mg_admissions_total\{result="daily_cap_exceeded"\} 1$/m);
+      assert.match(metrics, /^mg_raise_refusals_total\{reason="daily_cap_exceeded"\} 1$/m);
     });
   });
 }

@@ -457,6 +457,19 @@ describe('file ledger: billing history by back pointers', () => {
       after = page.nextCursor;
     }
     assert.ok(pages.some((c) => legacy.test(c)) && pages.some((c) => !legacy.test(c)), `both kinds of cursor: ${pages.join(' ')}`);
+    // An old-style cursor too must name a record of this account the ledger could have handed out.
+    const oldOne = pages.find((c) => legacy.test(c))!;
+    const [seg, offset] = oldOne.split('.').map(Number) as [number, number];
+    let theirs: string | null = null;
+    for (let after: string | null = null; theirs === null;) {
+      const page: Awaited<ReturnType<FileLedger['history']>> = await ledger.history('b', 2, after);
+      if (page.nextCursor !== null && legacy.test(page.nextCursor)) theirs = page.nextCursor;
+      assert.ok(page.hasMore || theirs !== null, 'b has an old-style cursor');
+      after = page.nextCursor;
+    }
+    for (const cursor of [theirs, `${seg}.${offset + 1}`, `0.${offset}`, `${seg + 99}.0`]) {
+      await assert.rejects(async () => ledger.history('a', 5, cursor), (err: Error) => /cursor/.test(err.message), cursor);
+    }
     await ledger.close();
   });
 
