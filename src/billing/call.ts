@@ -65,6 +65,7 @@ export class BilledCall implements Exchange {
   readonly body: Record<string, unknown>;
   readonly stream: boolean;
   readonly requestId: string;
+  readonly tenant: string;
   readonly maxAttempts: number;
   aborted = false;
   private settled = false;
@@ -120,6 +121,7 @@ export class BilledCall implements Exchange {
     this.audio = call.audio ?? null;
     this.searchesPerCall = call.searchesPerCall ?? 0;
     this.requestId = ctx.id;
+    this.tenant = ctx.key?.account.id ?? '';
     this.admittedPrice = model.price;
     this.maxAttempts = gw.config.routing.maxAttempts;
     gw.inFlight++;

@@ -6,7 +6,7 @@ import type { ProviderConfig } from '../config/types.js';
 import { type ErrorCode, type ErrorDetails, type ErrorSpec, upstreamStatusSpec } from '../errors.js';
 import { DOCUMENT_TOKENS } from '../billing/estimate.js';
 import { MAX_TOKENS } from '../money.js';
-import { ConnectionPool } from './pool.js';
+import { ConnectionPool, type PoolOptions } from './pool.js';
 import { WIRES } from '../protocols/index.js';
 import { credential, type ProviderKind } from './kinds.js';
 import { backoffMs, RETRY_STATUSES, retryAfterMs } from './retry.js';
@@ -203,7 +203,7 @@ export class HttpProvider implements Provider {
     // A translated count takes none of the client's headers, as a translated call takes none (an
     // OpenAI client's anthropic-beta would count what its calls will not be billed).
     const headers = this.kind.count.endpoint === 'messages' ? this.kind.headers(passed ? (name) => request.header(name) : () => undefined) : [];
-    this.ask(this.countTarget, JSON.stringify(upstream), request.requestId, headers, this.takeKey(), this.config.timeoutMs, request.attempts, request.onAbort, (outcome) => {
+    this.ask(this.countTarget, JSON.stringify(upstream), request, headers, this.takeKey(), this.config.timeoutMs, request.attempts, request.onAbort, (outcome) => {
       if (outcome.kind === 'timeout') {
         return request.unavailable(() => request.fail('upstream_timeout', {
           // Still waiting for one of the counts' connections: the gateway's own queue took the time.
@@ -240,12 +240,12 @@ export class HttpProvider implements Provider {
    * or why there is none, once, unless the client left first.
    */
   private ask(
-    target: Target, body: string, requestId: string, extraHeaders: readonly string[], key: number, timeoutMs: number, attempts: number,
+    target: Target, body: string, of: { readonly requestId: string; readonly tenant: string }, extraHeaders: readonly string[], key: number, timeoutMs: number, attempts: number,
     onAbort: (stop: () => void) => void, done: (outcome: CountOutcome) => void,
   ): void {
     const headers = [
       'host', target.host, 'content-type', 'application/json', 'content-length', String(Buffer.byteLength(body)),
-      'accept', 'application/json', 'accept-encoding', 'identity', 'x-request-id', requestId,
+      'accept', 'application/json', 'accept-encoding', 'identity', 'x-request-id', of.requestId,
       ...extraHeaders, ...this.config.headers,
     ];
     if (key >= 0) headers.push(...this.credentials[key]!);
@@ -285,7 +285,7 @@ export class HttpProvider implements Provider {
     }), timeoutMs);
     onAbort(() => finish(() => req.destroy()));
     const send = (fresh: boolean) => {
-      const options: FreshOptions = { method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers, fresh };
+      const options: FreshOptions = { method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers, fresh, tenant: of.tenant };
       req = target.send(options);
       const sent = req;
       let answered = false;
@@ -332,7 +332,7 @@ export class HttpProvider implements Provider {
     // A file's count fetches and reads it (a PDF's pages): it gets the call's own timeoutMs, and
     // its timeout moves nothing on (below); the rest is a tokenizer's work.
     const timeoutMs = beyond === 'file' ? this.config.timeoutMs : Math.min(this.config.timeoutMs, COUNT_TIMEOUT_MS);
-    this.ask(this.inputCountTarget, JSON.stringify(upstream), ex.requestId, headers, key, timeoutMs, ex.maxAttempts, (stop) => ex.onAbort(stop), (outcome) => {
+    this.ask(this.inputCountTarget, JSON.stringify(upstream), ex, headers, key, timeoutMs, ex.maxAttempts, (stop) => ex.onAbort(stop), (outcome) => {
       if (ex.aborted) return;
       try {
         if (outcome.kind === 'answer') {
@@ -411,7 +411,7 @@ export class HttpProvider implements Provider {
     // The credential goes last, so a retry after a 429 can put another key in its place.
     if (key >= 0) headers.push(...this.credentials[key]!);
     const options = {
-      method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers,
+      method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers, tenant: ex.tenant,
     };
     // The call's timeout covers the answer's headers, retries included, then, re-armed, the
     // body of a non-streamed answer or of an error. It is a Watch on the provider's list, not
@@ -987,8 +987,8 @@ function describe(error: Error): string {
   return (error as NodeJS.ErrnoException).code ?? error.message;
 }
 
-/** Request options with the pool's own: `fresh`, a new connection (see ConnectionPool.addRequest). */
-type FreshOptions = RequestOptions & { fresh?: boolean };
+/** Request options with the pool's own: `fresh`, a new connection, and `tenant` (see ConnectionPool.addRequest). */
+type FreshOptions = RequestOptions & PoolOptions;
 
 /**
  * A request that failed on a kept-alive connection the provider had closed while it sat idle in

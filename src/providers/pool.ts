@@ -8,6 +8,14 @@ export const IDLE_MS = 30_000;
 /** How much sooner than the provider's `Keep-Alive: timeout=N` an idle socket is dropped (as http.Agent does). */
 const HINT_MARGIN_MS = 1_000;
 
+/** The pool's own request options (Node passes a request's options on to addRequest). */
+export interface PoolOptions {
+  /** Take no idle connection, but a new one. */
+  fresh?: boolean;
+  /** Who the request is for (an account): while every connection is busy, tenants are served in turn. */
+  tenant?: string;
+}
+
 /** What Node's ClientRequest expects of an agent, beyond addRequest. */
 interface RequestInternals extends ClientRequest {
   onSocket(socket: Socket): void;
@@ -24,6 +32,11 @@ interface RequestInternals extends ClientRequest {
  * header object to read the keep-alive hint (bench/MORE.md). The protocol with Node's client
  * is http.Agent's own: the socket is handed over with `req.onSocket`, and the client emits
  * 'free' on it when the answer is over and the connection may be reused.
+ *
+ * While every connection is busy, requests wait in a queue per tenant, and a connection that
+ * comes free goes to the tenants in turn, each one's oldest first: one account's burst (say a
+ * plan without a concurrency limit, thousands of calls) waits behind its own calls, not in
+ * front of every other account's (one queue made them wait for the whole burst).
  */
 export class ConnectionPool {
   /** Read by ClientRequest: with a keep-alive agent, requests ask for keep-alive. */
@@ -33,8 +46,12 @@ export class ConnectionPool {
   /** Idle sockets, most recently freed last, with the time each may stay idle until. */
   private readonly idle: Socket[] = [];
   private readonly idleUntil: number[] = [];
-  /** Requests waiting for a socket while maxSockets are open. */
-  private readonly waiting: RequestInternals[] = [];
+  /**
+   * Requests waiting for a socket while maxSockets are open, per tenant; the Map's order is the
+   * turn (a tenant served goes to its end).
+   */
+  private readonly waiting = new Map<string, RequestInternals[]>();
+  private waitingCount = 0;
   private open = 0;
   private readonly sweeper: NodeJS.Timeout;
 
@@ -55,7 +72,7 @@ export class ConnectionPool {
 
   /** Connections open now (busy and idle), idle ones, and requests waiting: for tests. */
   get size(): { open: number; idle: number; waiting: number } {
-    return { open: this.open, idle: this.idle.length, waiting: this.waiting.length };
+    return { open: this.open, idle: this.idle.length, waiting: this.waitingCount };
   }
 
   /**
@@ -63,7 +80,7 @@ export class ConnectionPool {
    * again because its kept-alive connection was found closed) takes no idle connection, which
    * may be as stale, but a new one.
    */
-  addRequest(req: ClientRequest, options?: { fresh?: boolean }): void {
+  addRequest(req: ClientRequest, options?: PoolOptions): void {
     const request = req as RequestInternals;
     const now = performance.now();
     for (;;) {
@@ -82,7 +99,22 @@ export class ConnectionPool {
       return;
     }
     if (this.open < this.maxSockets) return request.onSocket(this.connect());
-    this.waiting.push(request);
+    const tenant = options?.tenant ?? '';
+    const queue = this.waiting.get(tenant);
+    if (queue === undefined) this.waiting.set(tenant, [request]);
+    else queue.push(request);
+    this.waitingCount++;
+  }
+
+  /** The request a freed connection goes to: the oldest of the tenant whose turn it is. */
+  private nextWaiting(): RequestInternals | undefined {
+    if (this.waitingCount === 0) return undefined;
+    const [tenant, queue] = this.waiting.entries().next().value!;
+    const next = queue.shift()!;
+    this.waiting.delete(tenant);
+    if (queue.length > 0) this.waiting.set(tenant, queue); // to the end of the turn
+    this.waitingCount--;
+    return next;
   }
 
   private connect(): Socket {
@@ -109,9 +141,9 @@ export class ConnectionPool {
       socket.destroy();
       return;
     }
-    // The longest-waiting request gets it. One destroyed while it waited gets it too, as with
+    // The next waiting request gets it. One destroyed while it waited gets it too, as with
     // http.Agent: Node then ends that request ('error', 'close') and frees the socket again.
-    const next = this.waiting.shift();
+    const next = this.nextWaiting();
     if (next !== undefined) {
       next.reusedSocket = true;
       next.onSocket(socket);
@@ -138,8 +170,8 @@ export class ConnectionPool {
       this.idle.splice(at, 1);
       this.idleUntil.splice(at, 1);
     }
-    // A slot opened: the longest-waiting request gets a new connection.
-    const next = this.waiting.shift();
+    // A slot opened: the next waiting request gets a new connection.
+    const next = this.nextWaiting();
     if (next !== undefined) next.onSocket(this.connect());
   }
 

@@ -23,6 +23,8 @@ export interface Exchange {
   readonly model: ModelEntry;
   readonly stream: boolean;
   readonly requestId: string;
+  /** The account the call is made for: an origin's full connection pool serves accounts in turn (pool.ts). */
+  readonly tenant: string;
   readonly res: ServerResponse;
   /** The gateway's estimate of the request's input tokens (providers/estimate.ts). */
   readonly inputTokens: number;
@@ -146,6 +148,8 @@ export interface CountRequest {
   readonly upstream: Record<string, unknown>;
   readonly model: ModelEntry;
   readonly requestId: string;
+  /** The account the count is made for (Exchange.tenant). */
+  readonly tenant: string;
   /** Attempts this deployment's count may take, section 6's retries included (a routed count moves on after one). */
   readonly attempts: number;
   /** A request header of the client (lowercase name). */

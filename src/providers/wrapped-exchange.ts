@@ -17,6 +17,7 @@ export class WrappedExchange implements Exchange {
   get model(): ModelEntry { return this.inner.model; }
   get stream(): boolean { return this.inner.stream; }
   get requestId(): string { return this.inner.requestId; }
+  get tenant(): string { return this.inner.tenant; }
   get res() { return this.inner.res; }
   get inputTokens(): number { return this.inner.inputTokens; }
   get maxOutputTokens(): number { return this.inner.maxOutputTokens; }

@@ -147,7 +147,7 @@ function countTokens(gw: RouteHost, ctx: RequestContext, req: IncomingMessage, r
               ask(next);
             };
             const request: CountRequest = {
-              endpoint, body: b, upstream: counting.upstream, model: counting.deployment, requestId: ctx.id,
+              endpoint, body: b, upstream: counting.upstream, model: counting.deployment, requestId: ctx.id, tenant: key.account.id,
               // Section 6's retries where no other deployment can take the count (found in review: a
               // routed model's one usable deployment had one attempt), the attempts left in all.
               attempts: next === null ? Math.max(1, gw.config.routing.maxAttempts - attempts + 1) : 1,

@@ -95,6 +95,7 @@ class FakeBilled implements ServedExchange {
   readonly text = '{}';
   readonly stream = false;
   readonly requestId = 'req_1';
+  readonly tenant = 'acct_1';
   readonly res = { headersSent: false } as never;
   readonly inputTokens = 1;
   readonly maxOutputTokens = 1;
