@@ -257,15 +257,21 @@ const event = (type: string, data: Record<string, unknown>) => `event: ${type}\n
 
 /**
  * Chat chunks to Anthropic events. Blocks open when their kind changes (text, or a new tool call
- * by its `index`) and close at the end; `message_start` carries the gateway's input estimate
- * (the provider counts only at the end: `message_delta` then carries its real usage).
+ * by its `index`, or by its `id` where a server sends none: Gemini's) and close at the end;
+ * `message_start` carries the gateway's input estimate (the provider counts only at the end:
+ * `message_delta` then carries its real usage). A tool call's arguments are held until its block
+ * closes and then sent as one `input_json_delta`, as the whole answer has them: arguments that
+ * are not a JSON object become `{"_raw_arguments": …}` (sent as they came, the client's SDK
+ * fails to parse the answer, and the whole answer is lost).
  */
 function stream(call: Translation, parsed?: ParsedEvents): (event: string | null) => string {
   let started = false;
   let finished = false;
   let blocks = 0;
   let text = -1; // the open text block, or -1
-  const toolBlock = new Map<number, number>(); // tool call index -> block index
+  /** Tool calls by their `index` (or `id`): the block and the arguments so far. */
+  const toolBlock = new Map<number | string, { index: number; args: string }>();
+  let lastTool: number | string = 0;
   let finishReason: unknown = null;
   let calledTools = false;
   let refused = false;
@@ -286,12 +292,23 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
     text = -1;
     return out;
   };
+  const closeTools = () => {
+    let out = '';
+    for (const { index, args } of toolBlock.values()) {
+      if (args.trim() !== '') {
+        const input = answerArguments(args);
+        const json = '_raw_arguments' in input && Object.keys(input).length === 1 ? JSON.stringify(input) : args;
+        out += event('content_block_delta', { index, delta: { type: 'input_json_delta', partial_json: json } });
+      }
+      out += event('content_block_stop', { index });
+    }
+    toolBlock.clear();
+    return out;
+  };
   const finish = () => {
     if (finished) return '';
     finished = true;
-    let out = start(null) + closeText();
-    for (const index of toolBlock.values()) out += event('content_block_stop', { index });
-    toolBlock.clear();
+    const out = start(null) + closeText() + closeTools();
     const u = usage ?? { input_tokens: call.inputTokens, output_tokens: 0, cache_read_input_tokens: 0, cache_creation_input_tokens: 0 };
     return `${out}${event('message_delta', { delta: { stop_reason: stopReason(finishReason, calledTools, refused), stop_sequence: null }, usage: u })}${event('message_stop', {})}`;
   };
@@ -323,8 +340,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
     const piece = typeof delta.content === 'string' && delta.content !== '' ? delta.content : refusal;
     if (piece !== null) {
       if (text < 0) {
-        for (const index of toolBlock.values()) out += event('content_block_stop', { index });
-        toolBlock.clear();
+        out += closeTools();
         text = blocks++;
         out += event('content_block_start', { index: text, content_block: { type: 'text', text: '' } });
       }
@@ -333,19 +349,19 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
     if (Array.isArray(delta.tool_calls)) {
       for (const tc of delta.tool_calls) {
         if (!isObj(tc)) continue;
-        const n = typeof tc.index === 'number' ? tc.index : 0;
-        let index = toolBlock.get(n);
-        if (index === undefined) {
+        // A call without `index` (Gemini's) is told apart by its `id`; a piece with neither continues the last call.
+        const n = typeof tc.index === 'number' ? tc.index : typeof tc.id === 'string' && tc.id !== '' ? `id ${tc.id}` : lastTool;
+        lastTool = n;
+        let block = toolBlock.get(n);
+        if (block === undefined) {
           out += closeText();
-          index = blocks++;
-          toolBlock.set(n, index);
+          block = { index: blocks++, args: '' };
+          toolBlock.set(n, block);
           calledTools = true;
-          out += event('content_block_start', { index, content_block: { ...toolUse(tc, `toolu_${call.requestId}_${n}`, call.names, {}) } });
+          out += event('content_block_start', { index: block.index, content_block: { ...toolUse(tc, `toolu_${call.requestId}_${block.index}`, call.names, {}) } });
         }
         const fn = isObj(tc.function) ? tc.function : {};
-        if (typeof fn.arguments === 'string' && fn.arguments !== '') {
-          out += event('content_block_delta', { index, delta: { type: 'input_json_delta', partial_json: fn.arguments } });
-        }
+        if (typeof fn.arguments === 'string') block.args += fn.arguments;
       }
     }
     if (typeof choice.finish_reason === 'string') finishReason = choice.finish_reason;

@@ -368,6 +368,27 @@ describe('Anthropic client -> OpenAI provider', () => {
     assert.deepEqual(delta.usage, { input_tokens: 176, output_tokens: 58, cache_read_input_tokens: 1024, cache_creation_input_tokens: 0 });
   });
 
+  test('stream: tool calls without an index (Gemini\'s) are told apart by id; arguments that are not a JSON object arrive kept whole, never as JSON the client cannot parse (found in review: merged into one block; sent as they came)', () => {
+    const body = { model: 'gw-model', max_tokens: 10, messages: [{ role: 'user', content: 'x' }], stream: true };
+    const t = messagesToChat.stream(translation(messagesToChat, body));
+    const call = (tc: Record<string, unknown>) => t(`data: ${JSON.stringify({ choices: [{ index: 0, delta: { tool_calls: [tc] } }] })}\n\n`);
+    const out = call({ id: 'function-call-1', type: 'function', function: { name: 'glob', arguments: '{"pattern":' } })
+      + call({ function: { arguments: '"**/*"}' } }) // neither index nor id: the call before goes on
+      + call({ id: 'function-call-2', type: 'function', function: { name: 'read', arguments: "{'path': 'a.md'}" } })
+      + call({ id: 'function-call-3', type: 'function', function: { name: 'ls', arguments: '' } })
+      + t('data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n') + t('data: [DONE]\n\n');
+    const events = json(out);
+    const blocks = events.filter((e) => e.type === 'content_block_start').map((e) => e.content_block as { id: string; name: string });
+    assert.deepEqual(blocks.map((b) => [b.id, b.name]), [['function-call-1', 'glob'], ['function-call-2', 'read'], ['function-call-3', 'ls']]);
+    const input = (index: number) => events.filter((e) => e.type === 'content_block_delta' && e.index === index)
+      .map((e) => (e.delta as { partial_json: string }).partial_json).join('');
+    assert.deepEqual(JSON.parse(input(0)), { pattern: '**/*' });
+    assert.deepEqual(JSON.parse(input(1)), { _raw_arguments: "{'path': 'a.md'}" }, 'as the whole answer keeps them');
+    assert.equal(input(2), '', 'no arguments: no delta (the client reads {})');
+    assert.deepEqual(events.filter((e) => e.type === 'content_block_stop').map((e) => e.index), [0, 1, 2]);
+    assert.equal((events.find((e) => e.type === 'message_delta')!.delta as { stop_reason: string }).stop_reason, 'tool_use');
+  });
+
   test('stream: a provider error mid-stream is an Anthropic error event; a stream that said why it stopped is closed without [DONE]; one that did not is broken off, never shown finished', () => {
     const body = { model: 'gw-model', max_tokens: 10, messages: [{ role: 'user', content: 'x' }], stream: true };
     const t = messagesToChat.stream(translation(messagesToChat, body));
