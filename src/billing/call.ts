@@ -19,7 +19,7 @@ import type { Endpoint, Exchange } from '../providers/types.js';
 import { Watch, type Watchlist } from '../providers/watchlist.js';
 import type { AudioAsked, CallRequest } from '../protocols/types.js';
 import { callEntry } from './entries.js';
-import { audioInputEstimate, reservation } from './estimate.js';
+import { audioInputEstimate, reservation, searchesCeiling } from './estimate.js';
 
 /**
  * What a billed call needs of the gateway, and no more: billing knows nothing of routing,
@@ -292,19 +292,34 @@ export class BilledCall implements Exchange {
   }
 
   /**
-   * A count of output past the largest `outputTokenLimit` any model may have (10,000,000) per
-   * answer asked for, taken down to it, and logged: no model generates that much, and a broken
-   * provider reporting 1e9 tokens was charged $8,000 for a call that reserved 16 (found in
-   * review). Not the model's own `outputTokenLimit`: a call that sets no limit is sent none, and
-   * a provider may rightly bill more than that policy on clients' limits (found in review).
+   * Usage past what any call can use, taken down to it, and logged: a broken provider reporting
+   * 1e9 tokens was charged $8,000 for a call that reserved 16 (found in review), and 1e9 input
+   * and cache tokens or searches made one call $7,000 or $10,000,000 (found in review).
+   * - Output past the largest `outputTokenLimit` any model may have (10,000,000) per answer
+   *   asked for. Not the model's own `outputTokenLimit`: a call that sets no limit is sent
+   *   none, and a provider may rightly bill more than that policy on clients' limits.
+   * - Input, cache reads and writes together past MAX_COUNTED_INPUT, the largest context window.
+   * - Searches past what the request's tools allow (searchesCeiling): the provider runs no more.
    */
   private withinLimit(usage: Usage): Usage {
     const ceiling = MAX_OUTPUT_TOKEN_LIMIT * this.choices;
-    if (usage.outputTokens <= ceiling) return usage;
-    this.gw.logger.warn('provider reported more output than any model generates', {
-      request_id: this.ctx.id, model: this.model.id, output_tokens: usage.outputTokens, ceiling,
+    const input = usage.inputTokens + usage.cacheReadTokens + usage.cacheWriteTokens;
+    const searches = usage.webSearches ?? 0;
+    const searchCeiling = searches > 0 ? searchesCeiling(this.body) : 0;
+    if (usage.outputTokens <= ceiling && input <= MAX_COUNTED_INPUT && searches <= searchCeiling) return usage;
+    this.gw.logger.warn('provider reported more usage than any call has', {
+      request_id: this.ctx.id, model: this.model.id, output_tokens: usage.outputTokens, input_tokens: input, web_searches: searches,
+      output_ceiling: ceiling, input_ceiling: MAX_COUNTED_INPUT, search_ceiling: searchCeiling,
     });
-    return { ...usage, outputTokens: ceiling, audioOutputTokens: Math.min(usage.audioOutputTokens ?? 0, ceiling) };
+    const outputTokens = Math.min(usage.outputTokens, ceiling);
+    const inputTokens = Math.min(usage.inputTokens, MAX_COUNTED_INPUT);
+    const cacheReadTokens = Math.min(usage.cacheReadTokens, MAX_COUNTED_INPUT - inputTokens);
+    const cacheWriteTokens = Math.min(usage.cacheWriteTokens, MAX_COUNTED_INPUT - inputTokens - cacheReadTokens);
+    return {
+      ...usage, inputTokens, outputTokens, cacheReadTokens, cacheWriteTokens,
+      cacheWrite1hTokens: Math.min(usage.cacheWrite1hTokens ?? 0, cacheWriteTokens), webSearches: Math.min(searches, searchCeiling),
+      audioInputTokens: Math.min(usage.audioInputTokens ?? 0, inputTokens), audioOutputTokens: Math.min(usage.audioOutputTokens ?? 0, outputTokens),
+    };
   }
 
   /** Runs what writes the final bytes: a bug there fails this call (after a ledger's promise, it would end the process). */

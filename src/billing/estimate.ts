@@ -159,6 +159,35 @@ export function searchesAllowed(body: Record<string, unknown>): number {
 }
 
 /**
+ * The most searches a provider's usage is believed for a call of a request without a bound on a
+ * web search tool: Anthropic's server tools run some ten turns of a call, a few searches each.
+ */
+export const MAX_UNBOUNDED_SEARCHES = 100;
+
+/**
+ * The most web searches a provider's usage is believed for a call of `body`: what its tools
+ * allow (searchesAllowed) where it has web search tools and each has a `max_uses`, which the
+ * provider keeps to; MAX_UNBOUNDED_SEARCHES more otherwise (a tool without one, a stored
+ * `prompt` that may hold tools, or none the gateway sees).
+ */
+export function searchesCeiling(body: Record<string, unknown>): number {
+  let tools = 0;
+  let bounded = 0;
+  if (Array.isArray(body.tools)) {
+    for (const tool of body.tools as unknown[]) {
+      if (tool === null || typeof tool !== 'object') continue;
+      const t = tool as { type?: unknown; max_uses?: unknown };
+      if (typeof t.type !== 'string' || !t.type.startsWith('web_search')) continue;
+      tools++;
+      if (Number.isSafeInteger(t.max_uses) && (t.max_uses as number) > 0) bounded++;
+    }
+  }
+  const allowed = searchesAllowed(body);
+  const stored = body.prompt !== null && typeof body.prompt === 'object';
+  return tools > 0 && bounded === tools && !stored ? allowed : Math.min(MAX_TOKENS, allowed + MAX_UNBOUNDED_SEARCHES);
+}
+
+/**
  * Of an input estimate, the audio tokens: each audio part's fixed figure (found in review: the
  * whole input was priced as audio, a long text conversation with one audio part at many times
  * its price).
