@@ -7,7 +7,8 @@ import { postJson, startGateway, testConfig, type Running } from '../helpers/gat
  * `service_tier` of "priority" is billed about twice the standard price (and "flex" half) while
  * the gateway charges its own; a Responses call with `background: true` is answered "queued",
  * with no usage, before it is generated, so it was charged its input estimate alone while the
- * provider billed the whole generation. Each is the client's 400 naming the field, before
+ * provider billed the whole generation; Anthropic's `speed: "fast"` and a regional
+ * `inference_geo` raise its prices. Each is the client's 400 naming the field, before
  * admission; the standard tier still works.
  */
 describe('regression: calls the gateway cannot price are refused', () => {
@@ -33,6 +34,17 @@ describe('regression: calls the gateway cannot price are refused', () => {
     for (const tier of ['auto', 'default', null]) {
       const res = await postJson(`${gw.url}/v1/chat/completions`, 'sk-alice', { model: 'echo-1', service_tier: tier, messages: [{ role: 'user', content: 'hi' }] });
       assert.equal(res.status, 200, String(tier));
+      await res.text();
+    }
+  });
+
+  test('Anthropic\'s fast mode and regional inference (found in review: passed through, billed 2 to 6 and 1.1 times the prices charged)', async () => {
+    const messages = (extra: Record<string, unknown>) => ({ model: 'echo-1', max_tokens: 16, messages: [{ role: 'user', content: 'hi' }], ...extra });
+    for (const speed of ['fast', 'turbo', 1]) await refused('/v1/messages', messages({ speed }), 'speed');
+    for (const geo of ['us', 'eu', true]) await refused('/v1/messages', messages({ inference_geo: geo }), 'inference_geo');
+    for (const extra of [{ speed: 'standard' }, { speed: null }, { inference_geo: 'global' }, {}]) {
+      const res = await postJson(`${gw.url}/v1/messages`, 'sk-alice', messages(extra));
+      assert.equal(res.status, 200, JSON.stringify(extra));
       await res.text();
     }
   });

@@ -1,10 +1,10 @@
 import { MAX_TOKENS, type Usage } from '../../money.js';
 import { eventData } from '../../providers/sse.js';
 import {
-  ABSENT, checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
+  ABSENT, bad, checkBasics, checkMessages, count, echo, INVALID, isObj, lastUserText, messagesChars, modelSwapped, outputLimits, pieces, pump,
   sendJson, sseEvent, textChars, tokensOf, unpricedTool, withModel,
 } from '../common.js';
-import type { WireProtocol } from '../types.js';
+import type { Checked, WireProtocol } from '../types.js';
 import { readEvent, TextDelta } from './text-delta.js';
 
 /** Anthropic Messages: POST /v1/messages, plain or SSE (`message_start` … `message_stop`). */
@@ -116,6 +116,22 @@ function unpricedBeta(beta: string | string[] | undefined): { message: string; p
   return { param: 'anthropic-beta', message: 'The "context-1m" beta is billed by the provider at long-context prices this gateway does not charge.' };
 }
 
+/**
+ * Anthropic's request fields that raise its prices, which no model's price covers, so a key
+ * holder could make the provider's bill outrun the charge (found in review): `speed: "fast"`
+ * (fast mode, 2 to 6 times the standard prices) and `inference_geo` other than "global" (US-only
+ * inference, 1.1 times). As OpenAI's priority `service_tier` is (checkServiceTier).
+ */
+function unpricedSpeedOrGeo(b: Record<string, unknown>): Checked | null {
+  if (b.speed !== undefined && b.speed !== null && b.speed !== 'standard') {
+    return bad('speed', 'This gateway prices calls at the standard speed: "speed" may be "standard" (fast mode is billed by the provider at premium prices).');
+  }
+  if (b.inference_geo !== undefined && b.inference_geo !== null && b.inference_geo !== 'global') {
+    return bad('inference_geo', 'This gateway prices calls at global inference: "inference_geo" may be "global" (a regional one is billed by the provider at a premium).');
+  }
+  return null;
+}
+
 /** What the mock counts for count_tokens: the same characters it meters a call's input by. */
 export const countChars = messagesChars;
 
@@ -128,7 +144,7 @@ export const messages: WireProtocol = {
     const basic = checkBasics(body);
     if (basic !== null) return basic;
     const b = body as Record<string, unknown>;
-    const msgs = checkMessages(b);
+    const msgs = checkMessages(b) ?? unpricedSpeedOrGeo(b);
     if (msgs !== null) return msgs;
     const limits = outputLimits(b, ['max_tokens']);
     if (!Array.isArray(limits)) return limits;
