@@ -47,6 +47,8 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   (body.messages as unknown[]).forEach((m, i) => {
     const msg = m as Record<string, unknown>;
     const at = `messages[${i}]`;
+    // A participant's name has no place in Anthropic's turns (found in review: dropped unnamed).
+    if (msg.name !== undefined && msg.name !== null && !dropped.includes('messages.name')) dropped.push('messages.name');
     switch (msg.role) {
       case 'system':
       case 'developer': {
@@ -192,7 +194,11 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
   const toolOf = new Map<unknown, number>();
   /** Tool blocks (by block index) whose input has had some text: one with none gets "{}", as a whole answer does. */
   const withArguments = new Set<unknown>();
+  /** Tool blocks whose start carried their input whole (a compatible server's way, without deltas). */
+  const startInput = new Map<unknown, string>();
   let done = false;
+  /** Whether a chunk with finish_reason went out (message_delta's). */
+  let finishSent = false;
   // A chunk's text is what JSON.stringify of the whole chunk gives, with the part before its
   // delta built once per id: a stream is mostly chunks of one short delta each.
   let head = '';
@@ -205,8 +211,10 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
   const finish = () => {
     if (done) return '';
     done = true;
+    // A stream without message_delta (found in review: the SDK threw "missing finish_reason").
+    const last = finishSent ? '' : chunk({}, tools >= 0 ? 'tool_calls' : 'stop');
     const tail = wantsUsage ? dataEvent({ id, object: 'chat.completion.chunk', created, model: call.model, choices: [], usage: chatUsage(usage) }) : '';
-    return `${tail}data: [DONE]\n\n`;
+    return `${last}${tail}data: [DONE]\n\n`;
   };
   return (event) => {
     if (event === null) {
@@ -232,6 +240,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
         if (block.type === 'tool_use') {
           const index = ++tools;
           toolOf.set(msg.index, index);
+          if (isObj(block.input) && Object.keys(block.input).length > 0) startInput.set(msg.index, JSON.stringify(block.input));
           const name = String(block.name);
           return chunk({ tool_calls: [{ index, id: block.id, type: 'function', function: { name: call.names.get(name) ?? name, arguments: '' } }] });
         }
@@ -250,15 +259,17 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
         return ''; // thinking and signatures: chat has no place for them
       }
       case 'content_block_stop': {
-        // A tool called with no input: its arguments are "{}" (JSON a client can parse), not "".
+        // A tool called with no input: its arguments are "{}" (JSON a client can parse), not "";
+        // one whose input came whole in its start has that (found in review: "{}").
         const index = toolOf.get(msg.index);
         if (index === undefined || withArguments.has(msg.index)) return '';
         withArguments.add(msg.index);
-        return chunk({ tool_calls: [{ index, function: { arguments: '{}' } }] });
+        return chunk({ tool_calls: [{ index, function: { arguments: startInput.get(msg.index) ?? '{}' } }] });
       }
       case 'message_delta': {
         if (isObj(msg.usage)) mergeUsage(usage, msg.usage);
         const delta = isObj(msg.delta) ? msg.delta : {};
+        finishSent = true;
         return chunk({}, lookup(FINISH, delta.stop_reason) ?? 'stop');
       }
       case 'message_stop':

@@ -42,6 +42,9 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   const dropped: string[] = [];
   const names = new Map<string, string>();
   if (body.top_k !== undefined && body.top_k !== null) refuse('top_k', '"top_k" has no equivalent on this model\'s provider.');
+  // Malformed, not merely unused (found in review: ignored, a client's mistake went unseen).
+  if (body.tools !== undefined && body.tools !== null && !Array.isArray(body.tools)) refuse('tools', '"tools" must be an array.');
+  if (body.metadata !== undefined && body.metadata !== null && !isObj(body.metadata)) refuse('metadata', '"metadata" must be an object.');
   for (const field of ['container', 'mcp_servers']) {
     if (body[field] !== undefined && body[field] !== null) refuse(field, `"${field}" has no equivalent on this model's provider.`);
   }
@@ -203,6 +206,7 @@ function tools(body: Record<string, unknown>, out: Record<string, unknown>, name
       if (t.defer_loading !== undefined) drop('defer_loading');
       const fn: Record<string, unknown> = { name: toolName(t.name, names), parameters: isObj(t.input_schema) ? t.input_schema : { type: 'object', properties: {} } };
       if (typeof t.description === 'string') fn.description = t.description;
+      if (t.strict === true) fn.strict = true; // found in review: dropped unnamed
       return { type: 'function', function: fn };
     });
   }

@@ -50,6 +50,9 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   if (typeof body.top_logprobs === 'number' && body.top_logprobs > 0) refuse('top_logprobs', '"top_logprobs" has no equivalent on this model\'s provider.');
   if (body.instructions !== undefined && body.instructions !== null && typeof body.instructions !== 'string') refuse('instructions', '"instructions" must be a string.');
   for (const field of DROPPABLE) if (body[field] !== undefined && body[field] !== null) drop(field);
+  // Malformed, not merely unused (found in review: ignored, `reasoning: "high"` asked for nothing).
+  if (body.tools !== undefined && body.tools !== null && !Array.isArray(body.tools)) refuse('tools', '"tools" must be an array.');
+  if (body.reasoning !== undefined && body.reasoning !== null && !isObj(body.reasoning)) refuse('reasoning', '"reasoning" must be an object, e.g. {"effort": "high"}.');
   if (body.text !== undefined && body.text !== null && !isObj(body.text)) refuse('text', '"text" must be an object.');
   if (isObj(body.text) && body.text.verbosity !== undefined) drop('text.verbosity');
 
@@ -65,7 +68,7 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
       if (item.role === 'system' || item.role === 'developer') {
         const text = textOf(item.content, `${at}.content`);
         if (text !== '') system.push({ type: 'text', text });
-      } else if (item.role === 'user') push('user', userBlocks(item.content, `${at}.content`));
+      } else if (item.role === 'user') push('user', userBlocks(item.content, `${at}.content`, drop));
       else if (item.role === 'assistant') {
         const text = textOf(item.content, `${at}.content`);
         if (text !== '') push('assistant', [{ type: 'text', text }]);
@@ -99,7 +102,7 @@ function request(body: Record<string, unknown>, facts: CallFacts): TranslatedReq
   return { body: out, dropped, names };
 }
 
-function userBlocks(content: unknown, at: string): Block[] {
+function userBlocks(content: unknown, at: string, drop: (what: string) => void): Block[] {
   if (typeof content === 'string') return content === '' ? [] : [{ type: 'text', text: content }];
   if (!Array.isArray(content)) return refuse(at, `"${at}" must be a string or an array of content parts.`);
   const blocks: Block[] = [];
@@ -109,6 +112,7 @@ function userBlocks(content: unknown, at: string): Block[] {
     if (p.type === 'input_text' && typeof p.text === 'string') {
       if (p.text !== '') blocks.push({ type: 'text', text: p.text });
     } else if (p.type === 'input_image' && typeof p.image_url === 'string') {
+      if (p.detail !== undefined && p.detail !== null && p.detail !== 'auto') drop('input_image.detail'); // as chat's image_url.detail
       const data = dataUrl(p.image_url);
       if (data !== null) blocks.push({ type: 'image', source: { type: 'base64', media_type: data.mediaType, data: data.data } });
       else if (/^https?:\/\//.test(p.image_url)) blocks.push({ type: 'image', source: { type: 'url', url: p.image_url } });
@@ -246,10 +250,13 @@ function answer(json: Record<string, unknown>, call: Translation): Record<string
     }
   }
   flush();
-  const status = json.stop_reason === 'max_tokens' ? 'incomplete' : 'completed';
+  const status = cutShort(json.stop_reason) ? 'incomplete' : 'completed';
   call.remember?.(output);
   return responseObject(call, `resp_${String(json.id)}`, status, output, responsesUsage(json.usage));
 }
+
+/** An answer that stopped at a limit, not at its end: the Responses API's `incomplete` (found in review: the context window's was `completed`). */
+const cutShort = (stop: unknown): boolean => stop === 'max_tokens' || stop === 'model_context_window_exceeded';
 
 /** Anthropic events to the Responses event sequence, block by block. */
 function stream(call: Translation, parsed?: ParsedEvents): (event: string | null) => string {
@@ -260,7 +267,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
   let stop: unknown = null;
   let usage: Record<string, unknown> = {};
   const output: Record<string, unknown>[] = [];
-  const open = new Map<unknown, { index: number; item: Record<string, unknown>; text: string; signature: string; redacted: boolean }>();
+  const open = new Map<unknown, { index: number; item: Record<string, unknown>; text: string; signature: string; redacted: boolean; input: string }>();
   const emit = (type: string, fields: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, sequence_number: sequence++, ...fields })}\n\n`;
   const start = () => {
     if (started) return '';
@@ -268,12 +275,42 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
     const response = responseObject(call, id, 'in_progress', [], null);
     return emit('response.created', { response }) + emit('response.in_progress', { response });
   };
+  /** Ends block `at`: its item done, with its text (the `done` events of its kind). */
+  const close = (at: unknown): string => {
+    const block = open.get(at);
+    if (block === undefined) return '';
+    open.delete(at);
+    const { item, index, text } = block;
+    const where = { item_id: item.id, output_index: index };
+    let out = '';
+    if (item.type === 'message') {
+      const part = { type: 'output_text', text, annotations: [] };
+      Object.assign(item, { status: 'completed', content: [part] });
+      out += emit('response.output_text.done', { ...where, content_index: 0, text, logprobs: [] });
+      out += emit('response.content_part.done', { ...where, content_index: 0, part });
+    } else if (item.type === 'function_call') {
+      // An input that came whole in the block's start (a compatible server's way) is its arguments (found in review: "{}").
+      if (text === '' && block.input !== '') out += emit('response.function_call_arguments.delta', { ...where, delta: block.input });
+      const args = text !== '' ? text : block.input !== '' ? block.input : '{}';
+      Object.assign(item, { status: 'completed', arguments: args });
+      out += emit('response.function_call_arguments.done', { ...where, arguments: args });
+    } else if (!block.redacted) {
+      const part = { type: 'summary_text', text };
+      Object.assign(item, { summary: [part], encrypted_content: encodeThinking({ thinking: text, signature: block.signature }) });
+      out += emit('response.reasoning_summary_text.done', { ...where, summary_index: 0, text });
+      out += emit('response.reasoning_summary_part.done', { ...where, summary_index: 0, part });
+    }
+    return out + emit('response.output_item.done', { output_index: index, item });
+  };
   const finish = () => {
     if (done) return '';
     done = true;
-    const status = stop === 'max_tokens' ? 'incomplete' : 'completed';
+    // Blocks a provider left open are closed first (found in review: the answer's text was lost).
+    let out = start();
+    for (const at of [...open.keys()]) out += close(at);
+    const status = cutShort(stop) ? 'incomplete' : 'completed';
     call.remember?.(output);
-    return start() + emit(`response.${status}`, { response: responseObject(call, id, status, output, responsesUsage(usage)) });
+    return out + emit(`response.${status}`, { response: responseObject(call, id, status, output, responsesUsage(usage)) });
   };
   return (ev) => {
     if (ev === null) {
@@ -285,7 +322,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
     if (msg instanceof TextDelta) {
       // A text delta (most events): its text is passed on as the JSON the provider sent, unparsed.
       const block = open.get(msg.index);
-      if (block === undefined) return '';
+      if (block === undefined || block.item.type !== 'message') return ''; // text only where a message is open (found in review: into a call's arguments)
       block.text += msg.text;
       // emit()'s text for these fields, in its order.
       return `event: response.output_text.delta\ndata: {"type":"response.output_text.delta","sequence_number":${sequence++},` +
@@ -320,7 +357,8 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
           out += emit('response.output_item.added', { output_index: index, item: { ...item, encrypted_content: undefined } });
         } else return out; // server tool blocks and their results: the model's own business
         output.push(item);
-        open.set(msg.index, { index, item, text: '', signature: '', redacted: block.type === 'redacted_thinking' });
+        const input = block.type === 'tool_use' && isObj(block.input) && Object.keys(block.input).length > 0 ? JSON.stringify(block.input) : '';
+        open.set(msg.index, { index, item, text: '', signature: '', redacted: block.type === 'redacted_thinking', input });
         return out;
       }
       case 'content_block_delta': {
@@ -329,6 +367,7 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
         if (block === undefined) return '';
         const where = { item_id: block.item.id, output_index: block.index };
         if (delta.type === 'text_delta' && typeof delta.text === 'string') {
+          if (block.item.type !== 'message') return '';
           block.text += delta.text;
           return emit('response.output_text.delta', { ...where, content_index: 0, delta: delta.text, logprobs: [] });
         }
@@ -343,30 +382,8 @@ function stream(call: Translation, parsed?: ParsedEvents): (event: string | null
         if (delta.type === 'signature_delta' && typeof delta.signature === 'string') block.signature += delta.signature;
         return '';
       }
-      case 'content_block_stop': {
-        const block = open.get(msg.index);
-        if (block === undefined) return '';
-        open.delete(msg.index);
-        const { item, index, text } = block;
-        const where = { item_id: item.id, output_index: index };
-        let out = '';
-        if (item.type === 'message') {
-          const part = { type: 'output_text', text, annotations: [] };
-          Object.assign(item, { status: 'completed', content: [part] });
-          out += emit('response.output_text.done', { ...where, content_index: 0, text, logprobs: [] });
-          out += emit('response.content_part.done', { ...where, content_index: 0, part });
-        } else if (item.type === 'function_call') {
-          const args = text === '' ? '{}' : text;
-          Object.assign(item, { status: 'completed', arguments: args });
-          out += emit('response.function_call_arguments.done', { ...where, arguments: args });
-        } else if (!block.redacted) {
-          const part = { type: 'summary_text', text };
-          Object.assign(item, { summary: [part], encrypted_content: encodeThinking({ thinking: text, signature: block.signature }) });
-          out += emit('response.reasoning_summary_text.done', { ...where, summary_index: 0, text });
-          out += emit('response.reasoning_summary_part.done', { ...where, summary_index: 0, part });
-        }
-        return out + emit('response.output_item.done', { output_index: index, item });
-      }
+      case 'content_block_stop':
+        return close(msg.index);
       case 'message_delta': {
         if (isObj(msg.usage)) mergeUsage(usage, msg.usage);
         if (isObj(msg.delta)) stop = msg.delta.stop_reason;

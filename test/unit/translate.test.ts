@@ -215,6 +215,25 @@ describe('chat client -> Anthropic provider', () => {
     assert.deepEqual(args.map((a) => JSON.parse(a)), [{}, { a: 1 }]);
   });
 
+  test('stream: an input given whole in its block\'s start is the call\'s arguments; a stream without message_delta still ends with a finish_reason (found in review: "{}"; none, which the SDK refuses)', () => {
+    const body = { model: 'gw-model', messages: [{ role: 'user', content: 'x' }], stream: true };
+    const t = chatToMessages.stream(translation(chatToMessages, body));
+    const out = [
+      'event: message_start\ndata: {"type":"message_start","message":{"id":"m1","usage":{"input_tokens":5,"output_tokens":0}}}\n\n',
+      'event: content_block_start\ndata: {"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_1","name":"add","input":{"a":1}}}\n\n',
+      'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n',
+      'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+    ].map((e) => t(e)).join('') + t(null);
+    const chunks = json(out).map((c) => (c.choices as Array<{ delta: { tool_calls?: Array<{ function: { arguments: string } }> }; finish_reason: string | null }>)[0]!);
+    assert.equal(chunks.map((c) => c.delta.tool_calls?.[0]?.function.arguments ?? '').join(''), '{"a":1}');
+    assert.deepEqual(chunks.map((c) => c.finish_reason).filter((f) => f !== null), ['tool_calls']);
+    const plain = chatToMessages.stream(translation(chatToMessages, body));
+    const said = json(['event: message_start\ndata: {"type":"message_start","message":{"id":"m1","usage":{"input_tokens":5,"output_tokens":0}}}\n\n',
+      'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":1}}\n\n',
+      'event: message_stop\ndata: {"type":"message_stop"}\n\n'].map((e) => plain(e)).join(''));
+    assert.deepEqual(said.map((c) => (c.choices as Array<{ finish_reason: string | null }>)[0]!.finish_reason).filter((f) => f !== null), ['stop'], 'one finish_reason, not two');
+  });
+
   test('stream: no usage chunk unless the client asked; a provider error mid-stream is an error chunk', () => {
     const body = { model: 'gw-model', messages: [{ role: 'user', content: 'x' }], stream: true };
     const bytes = readFileSync(join(FIXTURES, 'anthropic-thinking-tool-use.sse'));
@@ -546,6 +565,35 @@ describe('Responses client -> Anthropic provider', () => {
     assert.deepEqual(answer.usage, { input_tokens: 1000, input_tokens_details: { cached_tokens: 900 }, output_tokens: 40, output_tokens_details: { reasoning_tokens: 0 }, total_tokens: 1040 });
   });
 
+  test('stream: a block left open at message_stop is closed with its text; an input given whole at a block\'s start is the call\'s arguments; text sent to a tool block is not its arguments; the context window\'s stop is incomplete (found in review)', () => {
+    const body = codexLike();
+    const ev = (type: string, data: Record<string, unknown>) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
+    const t = responsesToMessages.stream(translation(responsesToMessages, body));
+    const out = [
+      ev('message_start', { message: { id: 'm1', usage: { input_tokens: 5, output_tokens: 0 } } }),
+      ev('content_block_start', { index: 0, content_block: { type: 'tool_use', id: 'toolu_1', name: 'add', input: { a: 1 } } }),
+      ev('content_block_delta', { index: 0, delta: { type: 'text_delta', text: 'stray' } }),
+      ev('content_block_stop', { index: 0 }),
+      ev('content_block_start', { index: 1, content_block: { type: 'text', text: '' } }),
+      ev('content_block_delta', { index: 1, delta: { type: 'text_delta', text: 'Hello' } }),
+      ev('message_delta', { delta: { stop_reason: 'model_context_window_exceeded' }, usage: { output_tokens: 3 } }),
+      ev('message_stop', {}),
+    ].map((e) => t(e)).join('') + t(null);
+    const events = json(out);
+    assert.deepEqual(events.map((e) => e.sequence_number), events.map((_, i) => i));
+    const final = events.at(-1)!;
+    assert.equal(final.type, 'response.incomplete');
+    const response = final.response as { status: string; output: Array<Record<string, unknown>> };
+    assert.equal(response.status, 'incomplete');
+    assert.deepEqual(response.output.map((o) => [o.type, o.status]), [['function_call', 'completed'], ['message', 'completed']]);
+    assert.equal(response.output[0]!.arguments, '{"a":1}');
+    assert.equal(events.filter((e) => e.type === 'response.function_call_arguments.delta').map((e) => e.delta).join(''), '{"a":1}');
+    assert.deepEqual((response.output[1]!.content as Array<{ text: string }>).map((c) => c.text), ['Hello']);
+    assert.deepEqual(events.filter((e) => e.type === 'response.output_item.done').map((e) => e.output_index), [0, 1]);
+    const whole = responsesToMessages.answer({ id: 'm2', stop_reason: 'model_context_window_exceeded', usage: { input_tokens: 1, output_tokens: 1 }, content: [] }, translation(responsesToMessages, body));
+    assert.equal(whole.status, 'incomplete');
+  });
+
   test('stream: a recorded Anthropic stream in every two-chunk split gives the same Responses events, numbered in order', () => {
     const bytes = readFileSync(join(FIXTURES, 'anthropic-thinking-tool-use.sse'));
     const body = codexLike({ tools: [{ type: 'function', name: 'get_weather', parameters: {} }] });
@@ -725,5 +773,25 @@ describe('chat request -> Responses input, for counting', () => {
     for (const body of [{}, { messages: 'x' }, { messages: [null, 1, 'x', { role: 'user' }, { role: 'user', content: [null, { type: 'image_url' }, { type: 'file' }] }], tools: [null, 'x'] }]) {
       assert.deepEqual(responsesInputOf(body as Record<string, unknown>), { input: [] });
     }
+  });
+});
+
+describe('fields neither sent nor named (found in review, against CONTRACT section 9)', () => {
+  test('named in x-gateway-dropped: a chat message\'s name; a Responses image\'s detail. Sent: a Messages tool\'s strict', () => {
+    const chat = { model: 'gw-model', max_tokens: 10, messages: [{ role: 'user', name: 'alice', content: 'x' }] };
+    assert.deepEqual(chatToMessages.request(chat, facts(chat)).dropped, ['messages.name']);
+    const responses = { model: 'gw-model', input: [{ role: 'user', content: [{ type: 'input_image', image_url: 'https://example.com/a.png', detail: 'low' }] }] };
+    assert.deepEqual(responsesToMessages.request(responses, facts(responses)).dropped, ['input_image.detail']);
+    const messages = { model: 'gw-model', max_tokens: 10, messages: [{ role: 'user', content: 'x' }], tools: [{ name: 'f', strict: true, input_schema: { type: 'object', properties: {} } }] };
+    const sent = messagesToChat.request(messages, facts(messages));
+    assert.deepEqual([(sent.body.tools as Array<{ function: { strict?: boolean } }>)[0]!.function.strict, sent.dropped], [true, []]);
+  });
+
+  test('malformed, not merely unused: 400 naming the field', () => {
+    const messages = { model: 'gw-model', max_tokens: 10, messages: [{ role: 'user', content: 'x' }] };
+    refused(messagesToChat, { ...messages, tools: { name: 'f' } }, 'tools');
+    refused(messagesToChat, { ...messages, metadata: 'x' }, 'metadata');
+    refused(responsesToMessages, { model: 'gw-model', input: 'x', reasoning: 'high' }, 'reasoning');
+    refused(responsesToMessages, { model: 'gw-model', input: 'x', tools: { type: 'web_search' } }, 'tools');
   });
 });
