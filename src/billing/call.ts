@@ -98,6 +98,14 @@ export class BilledCall implements Exchange {
   private clientList: Watchlist | null = null;
   /** Bytes of the client's socket the kernel had taken when the watch was last armed. */
   private taken = 0;
+  /**
+   * The answer's head, held until its first bytes (`head`): Node sends a head with the first
+   * write anyway, and until then the call can still answer an error or move to another
+   * deployment (found in review: a stream that broke before its first event reached the client
+   * as a reset, with no status, and was not failed over).
+   */
+  private headStatus = 0;
+  private headHeaders: string[] | null = null;
 
   constructor(
     private readonly gw: CallHost,
@@ -165,7 +173,13 @@ export class BilledCall implements Exchange {
     headers.push('x-gateway-deployment', this.model.provider.id);
     for (const value of extra) headers.push(value);
     this.ctx.status = status;
-    this.res.writeHead(status, headers);
+    this.headStatus = status;
+    this.headHeaders = headers;
+  }
+
+  private writeHead(): void {
+    this.res.writeHead(this.headStatus, this.headHeaders!);
+    this.headHeaders = null;
   }
 
   clientEvent(event: string): string {
@@ -173,6 +187,7 @@ export class BilledCall implements Exchange {
   }
 
   write(chunk: string, raw?: Buffer): boolean {
+    if (this.headHeaders !== null) this.writeHead();
     return this.res.write(raw ?? chunk);
   }
 
@@ -189,6 +204,7 @@ export class BilledCall implements Exchange {
     // answer has left (so the drain ends with its last call), never before.
     const socket = this.gw.draining ? this.res.socket : null;
     if (socket !== null) this.res.once('finish', () => socket.destroySoon());
+    if (this.headHeaders !== null) this.writeHead();
     this.res.end(chunk);
     // The last bytes may sit in the socket's buffer if the client stopped reading: the slot is
     // held until they are read, so the same idle bound applies.
@@ -341,6 +357,7 @@ export class BilledCall implements Exchange {
 
   private failSpec(code: string, spec: ErrorSpec, details: ErrorDetails): void {
     if (this.res.headersSent) return this.cut(details.message ?? code);
+    this.headHeaders = null; // an answer's head held: the error's goes instead
     // The provider had the request and did not refuse it (it timed out, or its answer could
     // not be relayed): it bills the call, so the client is charged too. A refusal is free.
     if (!this.settled) this.chargeAside(this.delivered ? this.abnormalUsage() : NO_USAGE, this.delivered);
@@ -349,6 +366,12 @@ export class BilledCall implements Exchange {
 
   cut(why: string, finalUsage: Usage | null = null): void {
     if (!this.settled) this.chargeAside(finalUsage ?? this.abnormalUsage(), finalUsage === null);
+    if (!this.res.headersSent) {
+      // Nothing reached the client yet (events it was not given: a translation's): an error
+      // answer, not a dropped connection.
+      this.headHeaders = null;
+      return sendErrorSpec(this.ctx, this.res, 'upstream_error', ERRORS.upstream_error, this.gw.done, { message: `The provider's answer was cut off: ${why}.` });
+    }
     this.gw.logger.warn('stream cut', { request_id: this.ctx.id, reason: why });
     this.res.destroy();
   }
@@ -359,6 +382,7 @@ export class BilledCall implements Exchange {
       const billed = this.res.headersSent || this.delivered;
       this.chargeAside(billed ? this.abnormalUsage() : NO_USAGE, billed);
     }
+    this.headHeaders = null;
     this.gw.fault(this.ctx, this.res, err);
   }
 

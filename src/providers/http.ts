@@ -6,7 +6,7 @@ import type { ProviderConfig } from '../config/types.js';
 import { type ErrorCode, type ErrorDetails, type ErrorSpec, upstreamStatusSpec } from '../errors.js';
 import { DOCUMENT_TOKENS } from '../billing/estimate.js';
 import { MAX_TOKENS } from '../money.js';
-import { ConnectionPool, type PoolOptions } from './pool.js';
+import { ConnectionPool, queuedMs, type PoolOptions } from './pool.js';
 import { WIRES } from '../protocols/index.js';
 import { credential, type ProviderKind } from './kinds.js';
 import { backoffMs, RETRY_STATUSES, retryAfterMs } from './retry.js';
@@ -279,7 +279,7 @@ export class HttpProvider implements Provider {
     };
     let req: ClientRequest;
     const timer = setTimeout(() => finish(() => {
-      const queued = backoff === null && req.socket == null;
+      const queued = backoff === null && (req.socket == null || queuedMs(req) >= timeoutMs / 2);
       req.destroy();
       done({ kind: 'timeout', queued });
     }), timeoutMs);
@@ -288,10 +288,11 @@ export class HttpProvider implements Provider {
       const options: FreshOptions = { method: 'POST', hostname: target.hostname, port: target.port, path: target.path, agent: target.agent, headers, fresh, tenant: of.tenant };
       req = target.send(options);
       const sent = req;
+      const sentAt = performance.now();
       let answered = false;
       req.on('error', (err) => {
         if (sent !== req) return; // an earlier attempt's, answered already
-        if (!over && !answered && closedWhileIdle(sent, err)) return send(true);
+        if (!over && !answered && closedWhileIdle(sent, err, performance.now() - sentAt)) return send(true);
         outcome({ kind: 'unreachable', error: err });
       });
       req.on('upgrade', upgraded((err) => { if (sent === req) outcome({ kind: 'unreachable', error: err }); }));
@@ -431,10 +432,11 @@ export class HttpProvider implements Provider {
       if (waiting !== null) clearTimeout(waiting);
       if (phase === 'headers' && !ex.aborted) ex.noteDelivered(delivered());
       if (phase === 'body') bodyTimedOut = true;
-      // Still waiting for one of the origin's connections: the gateway's own queue, not the
-      // provider, took the time (found in review: counted as the provider's timeout, it cooled
-      // healthy deployments down, fleet-wide).
-      const queued = phase === 'headers' && pending !== null && pending.socket == null;
+      // Still waiting for one of the origin's connections, or it waited for one most of the
+      // time: the gateway's own queue, not the provider, took the time (found in review: counted
+      // as the provider's timeout, it cooled healthy deployments down, fleet-wide; the second
+      // case too, a provider given 100 ms of its 1,000).
+      const queued = phase === 'headers' && pending !== null && (pending.socket == null || queuedMs(pending) >= this.config.timeoutMs / 2);
       current?.destroy(); // a body being read is cut: its reader reports it incomplete
       if (phase !== 'headers' || ex.aborted) return;
       phase = 'over';
@@ -477,7 +479,7 @@ export class HttpProvider implements Provider {
         if (done || phase !== 'headers') return;
         done = true;
         pending = null;
-        this.onOutcome(ex, outcome, n, deadlineAt, call, (wait, otherKey) => {
+        this.onOutcome(ex, outcome, n, deadlineAt, performance.now() - sentAt, call, (wait, otherKey) => {
           if (otherKey) {
             key = (key + 1) % this.credentials.length;
             headers[headers.length - 1] = this.credentials[key]![1];
@@ -497,7 +499,7 @@ export class HttpProvider implements Provider {
         }
       });
       const failed = (error: Error) => {
-        if (!done && phase === 'headers' && !ex.aborted && closedWhileIdle(req, error)) {
+        if (!done && phase === 'headers' && !ex.aborted && closedWhileIdle(req, error, performance.now() - sentAt)) {
           done = true;
           pending = null;
           return attempt(n, true);
@@ -537,14 +539,26 @@ export class HttpProvider implements Provider {
    * there is one), the answer relayed, or an error answered.
    */
   private onOutcome(
-    ex: Exchange, outcome: Outcome, n: number, deadlineAt: number, call: Call, retry: (waitMs: number, otherKey: boolean) => void,
+    ex: Exchange, outcome: Outcome, n: number, deadlineAt: number, tookMs: number, call: Call, retry: (waitMs: number, otherKey: boolean) => void,
   ): void {
     if (ex.aborted) return call.end();
+    // Another attempt only when the time left covers its wait and an attempt as long as this one
+    // (found in review: one sent 40 ms before the deadline turned a free 503 into a charged 504).
+    const timeFor = (wait: number) => wait + tookMs < deadlineAt - performance.now();
+    if (outcome.kind === 'error' && unreadable(outcome.error)) {
+      // The provider answered, in bytes that are not HTTP Node can read (headers too large, a
+      // malformed line, two lengths): an answer that cannot be read, as a bad chunk is, not a
+      // connection that failed (found in review: retried, failed over and cooled down, free).
+      ex.noteDelivered(true);
+      ex.upstreamFailed('garbage');
+      call.end();
+      return ex.fail('upstream_error', { message: `The provider's answer could not be read (${describe(outcome.error)}).` });
+    }
     if (outcome.kind === 'error') {
       ex.noteDelivered(false); // a refused call is not billed
       ex.upstreamFailed('connection');
       const wait = backoffMs(n, null);
-      if (n < ex.maxAttempts && wait < deadlineAt - performance.now()) return retry(wait, false);
+      if (n < ex.maxAttempts && timeFor(wait)) return retry(wait, false);
       call.end();
       return ex.fail('upstream_error', { message: `The provider could not be reached (${describe(outcome.error)}).` });
     }
@@ -562,7 +576,7 @@ export class HttpProvider implements Provider {
     const otherKey = status === 429 && this.credentials.length > 1;
     if (RETRY_STATUSES.has(status)) {
       const wait = backoffMs(n, otherKey ? null : providerWait);
-      if (n < ex.maxAttempts && wait < deadlineAt - performance.now() && (status !== 429 || otherKey || providerWait === null || providerWait <= 5000)) {
+      if (n < ex.maxAttempts && timeFor(wait) && (status !== 429 || otherKey || providerWait === null || providerWait <= 5000)) {
         discard(res, this.config.timeoutMs);
         return retry(wait, otherKey);
       }
@@ -644,6 +658,8 @@ export class HttpProvider implements Provider {
     const watcher = WIRES[ex.endpoint].watch(ex);
     const splitter = new SseSplitter(MAX_EVENT_CHARS);
     let ended = false;
+    /** Whether the provider sent any event. */
+    let eventful = false;
     // While the gateway waits for a slow client (backpressure), the provider's silence is ours,
     // not its own: the idle timer then does nothing, and restarts when the client has read.
     let waitingForClient = false;
@@ -668,10 +684,19 @@ export class HttpProvider implements Provider {
         if (text !== null) ex.end(text);
       });
     };
-    const cut = (why: string) => {
+    /** `unread`: the provider sent what the gateway cannot read (not a connection that failed). */
+    const cut = (why: string, unread = false) => {
       if (ended || ex.aborted) return;
       ended = true;
       clearTimeout(idle);
+      if (!eventful) {
+        // Not one event: nothing reached the client (the answer's head waits for its first
+        // bytes: BilledCall.head), a failure before its first byte, which moves a routed call on
+        // (CONTRACT section 10) and is otherwise an error answer, not a dropped connection
+        // (found in review). The provider had the request: charged as a call it may bill.
+        ex.upstreamFailed(unread ? 'garbage' : 'connection');
+        return ex.fail('upstream_error', { message: `The provider's stream broke off before its first event (${why}).` });
+      }
       ex.upstreamFailed('cut');
       ex.cut(why, watcher.usage());
     };
@@ -692,6 +717,7 @@ export class HttpProvider implements Provider {
       let out = '';
       let all = true;
       for (const event of splitter.push(chunk)) {
+        eventful = true;
         const seen = watcher.see(event);
         if (seen.final) {
           // The final event leaves only after the charge is settled. The rest of the provider's
@@ -724,7 +750,7 @@ export class HttpProvider implements Provider {
         // After the final event (its charge, its answer's end) it can only be a bug: the call
         // fails; a cut would do nothing now, and the client would wait for an end that never comes.
         if (ended) return ex.crash(err);
-        cut(err instanceof EventTooLarge ? `the provider sent an event over ${MAX_EVENT_CHARS} characters` : 'the provider sent an event the gateway cannot read');
+        cut(err instanceof EventTooLarge ? `the provider sent an event over ${MAX_EVENT_CHARS} characters` : 'the provider sent an event the gateway cannot read', true);
       }
     });
     const onEnd = () => {
@@ -734,7 +760,7 @@ export class HttpProvider implements Provider {
         try {
           seen = watcher.see(rest);
         } catch {
-          return cut('the provider sent an event the gateway cannot read');
+          return cut('the provider sent an event the gateway cannot read', true);
         }
         // A final event without its blank line (the stream ended instead) still waits for the charge.
         if (seen.final) return endWith(seen.forward ? rest : '');
@@ -1000,8 +1026,21 @@ type FreshOptions = RequestOptions & PoolOptions;
  * again on each stale idle connection in turn, a request that crashed the provider went seven
  * times).
  */
-function closedWhileIdle(req: ClientRequest, error: Error): boolean {
-  if (!req.reusedSocket) return false;
+function closedWhileIdle(req: ClientRequest, error: Error, heldMs: number): boolean {
+  if (!req.reusedSocket || heldMs >= IDLE_CLOSE_RACE_MS) return false;
   const code = (error as NodeJS.ErrnoException).code;
   return code === 'ECONNRESET' || code === 'EPIPE' || code === 'ECONNABORTED';
+}
+
+/**
+ * How soon after a request was sent a reset can still be the provider closing the connection
+ * as it sat idle (one round trip, with room): a later one came after the provider worked on the
+ * request, and is its failure (found in review: a request held 1.5 s and reset was sent again).
+ */
+const IDLE_CLOSE_RACE_MS = 1000;
+
+/** An answer Node's HTTP parser could not read (its errors are `HPE_…`): the provider answered. */
+function unreadable(error: Error): boolean {
+  const code = (error as NodeJS.ErrnoException).code;
+  return typeof code === 'string' && code.startsWith('HPE_');
 }

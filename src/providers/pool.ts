@@ -21,6 +21,17 @@ interface RequestInternals extends ClientRequest {
   onSocket(socket: Socket): void;
   shouldKeepAlive: boolean;
   res?: { rawHeaders: string[] } | null;
+  /** Set on a request that waited for a connection: since when (performance.now()), then for how long. */
+  queuedAt?: number;
+  queuedMs?: number;
+}
+
+/**
+ * How long a request waited in its pool for a connection (0: it had one at once), once it has
+ * one: time the gateway's own queue took, not the provider (see the call's timeout).
+ */
+export function queuedMs(req: ClientRequest): number {
+  return (req as RequestInternals).queuedMs ?? 0;
 }
 
 /**
@@ -99,6 +110,7 @@ export class ConnectionPool {
       return;
     }
     if (this.open < this.maxSockets) return request.onSocket(this.connect());
+    request.queuedAt = now;
     const tenant = options?.tenant ?? '';
     const queue = this.waiting.get(tenant);
     if (queue === undefined) this.waiting.set(tenant, [request]);
@@ -114,6 +126,7 @@ export class ConnectionPool {
     this.waiting.delete(tenant);
     if (queue.length > 0) this.waiting.set(tenant, queue); // to the end of the turn
     this.waitingCount--;
+    next.queuedMs = performance.now() - next.queuedAt!;
     return next;
   }
 

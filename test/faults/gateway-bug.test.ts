@@ -67,11 +67,19 @@ describe('fault: a bug in handling an answer fails the call, not the process', (
   });
 
   for (const stream of [false, true]) {
-    test(`after the charge settled (the answer's end, ${stream ? 'streamed' : 'whole'}): the answer is cut, charged once`, async () => {
+    test(`after the charge settled (the answer's end, ${stream ? 'streamed' : 'whole'}): ${stream ? 'the answer is cut' : '500 (its head was not sent)'}, charged once`, async () => {
       const charges = entriesOf(gw, 'acct_b').length;
       breakOnce('end');
-      // Cut: before the head left the socket (the request fails), or after (the body does).
-      await assert.rejects(async () => (await postJson(`${gw.url}/v1/chat/completions`, 'sk-b', chatBody('gpt', 'hi', stream ? { stream: true } : {}))).text());
+      const answer = postJson(`${gw.url}/v1/chat/completions`, 'sk-b', chatBody('gpt', 'hi', stream ? { stream: true } : {}));
+      if (stream) {
+        // Cut: the stream's first events left, so its head did.
+        await assert.rejects(async () => (await answer).text());
+      } else {
+        // A whole answer's head waits for its bytes (BilledCall.head): the bug is a 500 instead.
+        const res = await answer;
+        assert.equal(res.status, 500);
+        assert.equal(((await res.json()) as { error: { code: string } }).error.code, 'internal_error');
+      }
       await servesNext();
       assert.equal(entriesOf(gw, 'acct_b').length, charges + 2);
     });

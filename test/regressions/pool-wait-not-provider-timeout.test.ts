@@ -59,3 +59,25 @@ test('regression: a call that waited past its timeout for a connection of the ga
   assert.equal(next.headers.get('x-gateway-deployment'), 'a', 'a is not cooling down');
   await next.text();
 });
+
+test('regression: a call that got its connection after waiting most of its timeout for it is not the provider\'s timeout either (review: a provider given 100 ms of its 300 was cooled down, and the call sent again elsewhere)', async () => {
+  let release: (() => void) | null = null;
+  a.queue.push((_req, res) => { release = () => json(res, 200, openaiCompletion('hog')); });
+  const hog = postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody('hog'));
+  await until(() => release !== null, 5000, 'the one connection taken');
+  a.queue.push(() => { /* the call it waited for: holds it past its deadline */ });
+  const hits = b.hits;
+  const waiting = postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody('pair'));
+  // The connection comes free after 200 of the call's 300 ms.
+  await new Promise((resolve) => setTimeout(resolve, 200));
+  release!();
+  assert.equal((await hog).status, 200);
+  const waited = await waiting;
+  assert.equal(waited.status, 504);
+  assert.match(((await waited.json()) as { error: { message: string } }).error.message, /No connection to the provider came free/);
+  assert.equal(b.hits, hits, 'not moved to the fallback');
+  a.fallback = (_req, res) => json(res, 200, openaiCompletion('from a'));
+  const next = await postJson(`${gw.url}/v1/chat/completions`, 'sk-client', chatBody('pair'));
+  assert.equal(next.headers.get('x-gateway-deployment'), 'a', 'a is not cooling down');
+  await next.text();
+});
