@@ -293,7 +293,7 @@ export class FileLedger implements Ledger {
       m = /^(\d{1,10})\.(\d{1,12})$/.exec(after);
       if (m === null) throw badCursor();
       const below: [number, number] = [Number(m[1]), Number(m[2])];
-      if (!(await this.issuedBelow(accountId, below))) throw badCursor();
+      if (!(await this.issuedBelow(reader, accountId, below))) throw badCursor();
       return await this.below(reader, accountId, limit, below);
     } finally {
       await reader.close();
@@ -331,17 +331,18 @@ export class FileLedger implements Ledger {
   }
 
   /**
-   * Whether this ledger can have handed out the old-style cursor `below`: it names a record of the
-   * account written before back pointers, or (the last record a page read down the pointers) one
-   * above them all. A journal begun with pointers never handed one out.
+   * Whether this ledger can have handed out the old-style cursor `below`: it names a billing
+   * record of the account (one written before back pointers, or the last a page read down the
+   * pointers, which may sit among them: found in review), or one past every such segment. A
+   * journal begun with pointers never handed one out.
    */
-  private async issuedBelow(accountId: string, below: [number, number]): Promise<boolean> {
+  private async issuedBelow(reader: Reader, accountId: string, below: [number, number]): Promise<boolean> {
     if (this.legacyUpTo === 0 || below[0] < 1 || below[0] > this.seq) return false;
     if (below[0] > this.legacyUpTo) return true;
     const positions = (await this.legacyIndex(below[0])).get(accountId);
-    if (positions === undefined) return false;
-    for (let i = 0; i < positions.length; i += 2) if (positions[i] === below[1]) return true;
-    return false;
+    if (positions !== undefined) for (let i = 0; i < positions.length; i += 2) if (positions[i] === below[1]) return true;
+    const read = await reader.readLine(below[0], below[1], MAX_RECORD_BYTES);
+    return read !== null && read.entry.accountId === accountId && (read.entry.type === 'charge' || read.entry.type === 'credit');
   }
 
   /** History from before back pointers: the account's entries strictly below `below`, through the segment indexes. */
@@ -710,22 +711,38 @@ class Reader {
 
   /** The record at `at`, or null when there is no whole, valid record there. */
   async read(at: Position): Promise<ReturnType<typeof decodeRecord>> {
-    let file = this.files.get(at[0]);
+    const file = await this.file(at[0]);
+    if (file === null) return null;
+    const buffer = Buffer.alloc(at[2]);
+    const { bytesRead } = await file.read(buffer, 0, at[2], at[1]);
+    if (bytesRead !== at[2] || buffer[at[2] - 1] !== 10) return null;
+    return decodeRecord(buffer.toString('utf8', 0, at[2] - 1));
+  }
+
+  /** The record that starts at `offset` of segment `seq` (at most `most` bytes), or null. */
+  async readLine(seq: number, offset: number, most: number): Promise<ReturnType<typeof decodeRecord>> {
+    const file = await this.file(seq);
+    if (file === null) return null;
+    const buffer = Buffer.alloc(most);
+    const { bytesRead } = await file.read(buffer, 0, most, offset);
+    const end = buffer.subarray(0, bytesRead).indexOf(10);
+    return end < 0 ? null : decodeRecord(buffer.toString('utf8', 0, end));
+  }
+
+  private async file(seq: number): Promise<FileHandle | null> {
+    let file = this.files.get(seq);
     if (file === undefined) {
       try {
-        file = await open(join(this.dir, segmentName(at[0])), 'r');
+        file = await open(join(this.dir, segmentName(seq)), 'r');
       } catch (err) {
         // No such segment: no record there. Any other failure (too many open files, EIO) is
         // the disk's, not the journal's: 503, never reported as corruption (found in review).
         if ((err as NodeJS.ErrnoException).code === 'ENOENT') return null;
         throw new GatewayError('ledger_unavailable', { retryAfterS: 1 });
       }
-      this.files.set(at[0], file);
+      this.files.set(seq, file);
     }
-    const buffer = Buffer.alloc(at[2]);
-    const { bytesRead } = await file.read(buffer, 0, at[2], at[1]);
-    if (bytesRead !== at[2] || buffer[at[2] - 1] !== 10) return null;
-    return decodeRecord(buffer.toString('utf8', 0, at[2] - 1));
+    return file;
   }
 
   async close(): Promise<void> {
