@@ -51,6 +51,12 @@ export interface CallHost {
 
 /** The most input a provider's count before a call is believed: the largest context window there is (Llama 4 Scout's 10M tokens). */
 const MAX_COUNTED_INPUT = 10_000_000;
+/**
+ * The most input and cache tokens a call's final usage is believed: ten rounds of the largest
+ * context window (Anthropic's usage sums the rounds of a call's server tools, each reading the
+ * context again: review).
+ */
+const MAX_BILLED_INPUT = 10 * MAX_COUNTED_INPUT;
 
 const NO_USAGE: Usage = { inputTokens: 0, outputTokens: 0, cacheReadTokens: 0, cacheWriteTokens: 0 };
 const ignore = (): void => {};
@@ -314,7 +320,7 @@ export class BilledCall implements Exchange {
    * - Output past the largest `outputTokenLimit` any model may have (10,000,000) per answer
    *   asked for. Not the model's own `outputTokenLimit`: a call that sets no limit is sent
    *   none, and a provider may rightly bill more than that policy on clients' limits.
-   * - Input, cache reads and writes together past MAX_COUNTED_INPUT, the largest context window.
+   * - Input, cache reads and writes together past MAX_BILLED_INPUT.
    * - Searches past what the request's tools allow (searchesCeiling): the provider runs no more.
    */
   private withinLimit(usage: Usage): Usage {
@@ -322,15 +328,15 @@ export class BilledCall implements Exchange {
     const input = usage.inputTokens + usage.cacheReadTokens + usage.cacheWriteTokens;
     const searches = usage.webSearches ?? 0;
     const searchCeiling = searches > 0 ? searchesCeiling(this.body) : 0;
-    if (usage.outputTokens <= ceiling && input <= MAX_COUNTED_INPUT && searches <= searchCeiling) return usage;
+    if (usage.outputTokens <= ceiling && input <= MAX_BILLED_INPUT && searches <= searchCeiling) return usage;
     this.gw.logger.warn('provider reported more usage than any call has', {
       request_id: this.ctx.id, model: this.model.id, output_tokens: usage.outputTokens, input_tokens: input, web_searches: searches,
-      output_ceiling: ceiling, input_ceiling: MAX_COUNTED_INPUT, search_ceiling: searchCeiling,
+      output_ceiling: ceiling, input_ceiling: MAX_BILLED_INPUT, search_ceiling: searchCeiling,
     });
     const outputTokens = Math.min(usage.outputTokens, ceiling);
-    const inputTokens = Math.min(usage.inputTokens, MAX_COUNTED_INPUT);
-    const cacheReadTokens = Math.min(usage.cacheReadTokens, MAX_COUNTED_INPUT - inputTokens);
-    const cacheWriteTokens = Math.min(usage.cacheWriteTokens, MAX_COUNTED_INPUT - inputTokens - cacheReadTokens);
+    const inputTokens = Math.min(usage.inputTokens, MAX_BILLED_INPUT);
+    const cacheReadTokens = Math.min(usage.cacheReadTokens, MAX_BILLED_INPUT - inputTokens);
+    const cacheWriteTokens = Math.min(usage.cacheWriteTokens, MAX_BILLED_INPUT - inputTokens - cacheReadTokens);
     return {
       ...usage, inputTokens, outputTokens, cacheReadTokens, cacheWriteTokens,
       cacheWrite1hTokens: Math.min(usage.cacheWrite1hTokens ?? 0, cacheWriteTokens), webSearches: Math.min(searches, searchCeiling),

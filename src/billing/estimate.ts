@@ -160,9 +160,10 @@ export function searchesAllowed(body: Record<string, unknown>): number {
 
 /**
  * The most searches a provider's usage is believed for a call of a request without a bound on a
- * web search tool: Anthropic's server tools run some ten turns of a call, a few searches each.
+ * web search tool: Anthropic's server tools run some ten turns of a call, a few searches each,
+ * and a deep research model some hundreds (review).
  */
-export const MAX_UNBOUNDED_SEARCHES = 100;
+export const MAX_UNBOUNDED_SEARCHES = 1000;
 
 /**
  * The most web searches a provider's usage is believed for a call of `body`: what its tools

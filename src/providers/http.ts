@@ -146,6 +146,8 @@ interface Call {
   readingBody(): void;
   /** Whether the body being read was cut because its timeoutMs passed. */
   timedOut(): boolean;
+  /** Set when Node's parser could not read the answer's body (an `HPE_…` error, after its head). */
+  unread: boolean;
 }
 
 type Outcome =
@@ -459,6 +461,7 @@ export class HttpProvider implements Provider {
         timeouts.arm(watch);
       },
       timedOut: () => bodyTimedOut,
+      unread: false,
     };
     ex.onAbort(() => {
       if (phase === 'headers') ex.noteDelivered(delivered());
@@ -499,6 +502,7 @@ export class HttpProvider implements Provider {
         }
       });
       const failed = (error: Error) => {
+        if (done && unreadable(error)) call.unread = true; // the answer's body: its reader cuts it
         if (!done && phase === 'headers' && !ex.aborted && closedWhileIdle(req, error, performance.now() - sentAt)) {
           done = true;
           pending = null;
@@ -755,6 +759,8 @@ export class HttpProvider implements Provider {
     });
     const onEnd = () => {
       const rest = splitter.rest();
+      // Ended before its first event: nothing to relay (found in review: a 200 with no body).
+      if (rest === '' && !eventful) return cut('the provider\'s stream ended before its first event');
       if (rest !== '') {
         let seen;
         try {
@@ -780,10 +786,12 @@ export class HttpProvider implements Provider {
         ex.crash(err); // a bug: this call fails, never the process
       }
     });
-    res.on('error', () => cut('the provider\'s stream broke off'));
+    // After bytes Node's parser could not read (bad chunk framing), an unreadable answer: not
+    // failed over or cooled down as a connection that broke off is (found in review).
+    res.on('error', () => cut('the provider\'s stream broke off', call.unread));
     res.on('close', () => {
       clearTimeout(idle);
-      if (!res.complete) cut('the provider\'s stream broke off');
+      if (!res.complete) cut(call.unread ? 'the provider sent bytes that are not HTTP' : 'the provider\'s stream broke off', call.unread);
     });
   }
 }

@@ -144,4 +144,18 @@ describe('regression: provider faults and routing (review)', () => {
     assert.match(await single.text(), /broke off before its first event/);
     assert.deepEqual([...hits], [['a', 1]]);
   });
+
+  test('a stream that ends cleanly before its first event moves on too; bad chunk framing before it is unreadable, not failed over (review of these fixes)', async () => {
+    handler = fromB((sock) => sock.write('HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 0\r\n\r\n'));
+    const empty = await call('single', { stream: true });
+    assert.equal(empty.status, 502, 'not a 200 with no body');
+    assert.match(await empty.text(), /ended before its first event/);
+    hits.clear();
+    handler = fromB((sock) => sock.write('HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\nZZZ\r\ndata: x\r\n'));
+    const framing = await call('routed', { stream: true });
+    assert.equal(framing.status, 502);
+    await framing.text();
+    assert.deepEqual([...hits], [['a', 1]], 'not failed over');
+    assert.ok(gw.gateway.cooldowns.until('routed|a') <= Date.now(), 'no cooldown');
+  });
 });

@@ -8,8 +8,9 @@ import { entriesOf, postJson } from '../helpers/gateway.js';
  * Found in review: a provider's final usage was believed up to 10^9 of each count. Output was
  * taken down to the most any model generates, but 999,999,999 input and cache tokens made one
  * "hi" $7,050 of charge, and 999,999,999 web searches, for a call whose tool allowed one, about
- * $10,000,000. Input and cache together are now believed up to the largest context window (10M
- * tokens), as a count before the call is, and searches up to what the request's tools allow.
+ * $10,000,000. Input and cache together are now believed up to ten rounds of the largest
+ * context window (100M tokens: a call's server-tool rounds each read it again), and searches up
+ * to what the request's tools allow.
  */
 describe('regression: usage past what any call can use is taken down to it', () => {
   const price = { inputPerMillion: 3, outputPerMillion: 15, cacheReadPerMillion: 0.3, cacheWritePerMillion: 3.75, webSearchPerThousand: 10 };
@@ -28,26 +29,28 @@ describe('regression: usage past what any call can use is taken down to it', () 
     return entriesOf(gw(), 'acct_m').at(-1)!;
   };
 
-  test('searches: at most the tools\' max_uses; without one (or without a tool), a hundred more than the searches reserved', async () => {
+  test('searches: at most the tools\' max_uses; without one (or without a tool), a thousand more than the searches reserved', async () => {
     const bounded = await ask({ input_tokens: 10, output_tokens: 5, server_tool_use: { web_search_requests: 999_999_999 } },
       [{ type: 'web_search_20250305', name: 'web_search', max_uses: 1 }]);
     assert.equal(bounded.amountMicro, -(30 + 75 + 10_000), 'one search, $0.01');
     const unbounded = await ask({ input_tokens: 10, output_tokens: 5, server_tool_use: { web_search_requests: 999_999_999 } },
       [{ type: 'web_search_20250305', name: 'web_search' }]);
-    assert.equal(unbounded.amountMicro, -(30 + 75 + 105 * 10_000), 'five reserved and a hundred more');
+    assert.equal(unbounded.amountMicro, -(30 + 75 + 1005 * 10_000), 'five reserved and a thousand more');
     const none = await ask({ input_tokens: 10, output_tokens: 5, server_tool_use: { web_search_requests: 999_999_999 } });
-    assert.equal(none.amountMicro, -(30 + 75 + 100 * 10_000), 'no search tool the gateway sees: a hundred');
+    assert.equal(none.amountMicro, -(30 + 75 + 1000 * 10_000), 'no search tool the gateway sees: a thousand');
     const honest = await ask({ input_tokens: 10, output_tokens: 5, server_tool_use: { web_search_requests: 3 } },
       [{ type: 'web_search_20250305', name: 'web_search', max_uses: 5 }]);
     assert.equal(honest.amountMicro, -(30 + 75 + 30_000), 'what the provider reports within the bound is charged');
   });
 
-  test('input and cache tokens: at most 10,000,000 together (input first)', async () => {
+  test('input and cache tokens: at most 100,000,000 together (input first): ten rounds of the largest context window', async () => {
     const e = await ask({ input_tokens: 999_999_999, output_tokens: 5, cache_read_input_tokens: 999_999_999, cache_creation_input_tokens: 999_999_999 });
-    assert.equal(e.inputTokens, 10_000_000);
-    assert.equal(e.amountMicro, -(30_000_000 + 75));
-    const cached = await ask({ input_tokens: 4_000_000, output_tokens: 5, cache_read_input_tokens: 999_999_999 });
-    assert.equal(cached.inputTokens, 10_000_000);
-    assert.equal(cached.amountMicro, -(12_000_000 + 1_800_000 + 75), '4M input and the 6M of cache reads left');
+    assert.equal(e.inputTokens, 100_000_000);
+    assert.equal(e.amountMicro, -(300_000_000 + 75));
+    const cached = await ask({ input_tokens: 40_000_000, output_tokens: 5, cache_read_input_tokens: 999_999_999 });
+    assert.equal(cached.inputTokens, 100_000_000);
+    assert.equal(cached.amountMicro, -(120_000_000 + 18_000_000 + 75), '40M input and the 60M of cache reads left');
+    const legitimate = await ask({ input_tokens: 2_000_000, output_tokens: 5, cache_read_input_tokens: 30_000_000 });
+    assert.equal(legitimate.amountMicro, -(6_000_000 + 9_000_000 + 75), 'a long call\'s server-tool rounds, each reading its context again: charged whole');
   });
 });
