@@ -136,6 +136,27 @@ function textSource(source: unknown): boolean {
  */
 export const UNBOUNDED_SEARCHES = 5;
 
+interface SearchTools { bounded: number; unbounded: boolean; any: boolean }
+/** A request without tools (most calls: reserved without an allocation). */
+const NO_SEARCH_TOOLS: SearchTools = Object.freeze({ bounded: 0, unbounded: false, any: false });
+
+/** A request's web search tools: the sum of their `max_uses`, whether one has none, whether there is one. */
+function webSearchTools(body: Record<string, unknown>): SearchTools {
+  if (!Array.isArray(body.tools)) return NO_SEARCH_TOOLS;
+  let bounded = 0;
+  let unbounded = false;
+  let any = false;
+  for (const tool of body.tools as unknown[]) {
+    if (tool === null || typeof tool !== 'object') continue;
+    const t = tool as { type?: unknown; max_uses?: unknown };
+    if (typeof t.type !== 'string' || !t.type.startsWith('web_search')) continue;
+    any = true;
+    if (Number.isSafeInteger(t.max_uses) && (t.max_uses as number) > 0) bounded = Math.min(MAX_TOKENS, bounded + (t.max_uses as number));
+    else unbounded = true;
+  }
+  return { bounded, unbounded, any };
+}
+
 /**
  * Web searches a request allows at most: the `max_uses` of its web search server tools
  * (Anthropic's), summed; for a web search tool without one, the request's `max_tool_calls`
@@ -143,19 +164,13 @@ export const UNBOUNDED_SEARCHES = 5;
  * once. Reserved with the call, so calls in flight cannot search past a cap unseen.
  */
 export function searchesAllowed(body: Record<string, unknown>): number {
-  if (!Array.isArray(body.tools)) return 0;
-  let n = 0;
-  let unbounded = false;
-  for (const tool of body.tools as unknown[]) {
-    if (tool === null || typeof tool !== 'object') continue;
-    const t = tool as { type?: unknown; max_uses?: unknown };
-    if (typeof t.type !== 'string' || !t.type.startsWith('web_search')) continue;
-    if (Number.isSafeInteger(t.max_uses) && (t.max_uses as number) > 0) n = Math.min(MAX_TOKENS, n + (t.max_uses as number));
-    else unbounded = true;
-  }
-  const calls = body.max_tool_calls;
-  if (!unbounded) return n;
-  return Math.min(MAX_TOKENS, n + (Number.isSafeInteger(calls) && (calls as number) > 0 ? (calls as number) : UNBOUNDED_SEARCHES));
+  return allowedBy(webSearchTools(body), body.max_tool_calls);
+}
+
+function allowedBy(tools: SearchTools, maxToolCalls: unknown): number {
+  if (!tools.unbounded) return tools.bounded;
+  const calls = Number.isSafeInteger(maxToolCalls) && (maxToolCalls as number) > 0 ? (maxToolCalls as number) : UNBOUNDED_SEARCHES;
+  return Math.min(MAX_TOKENS, tools.bounded + calls);
 }
 
 /**
@@ -172,20 +187,10 @@ export const MAX_UNBOUNDED_SEARCHES = 1000;
  * `prompt` that may hold tools, or none the gateway sees).
  */
 export function searchesCeiling(body: Record<string, unknown>): number {
-  let tools = 0;
-  let bounded = 0;
-  if (Array.isArray(body.tools)) {
-    for (const tool of body.tools as unknown[]) {
-      if (tool === null || typeof tool !== 'object') continue;
-      const t = tool as { type?: unknown; max_uses?: unknown };
-      if (typeof t.type !== 'string' || !t.type.startsWith('web_search')) continue;
-      tools++;
-      if (Number.isSafeInteger(t.max_uses) && (t.max_uses as number) > 0) bounded++;
-    }
-  }
-  const allowed = searchesAllowed(body);
+  const tools = webSearchTools(body);
+  const allowed = allowedBy(tools, body.max_tool_calls);
   const stored = body.prompt !== null && typeof body.prompt === 'object';
-  return tools > 0 && bounded === tools && !stored ? allowed : Math.min(MAX_TOKENS, allowed + MAX_UNBOUNDED_SEARCHES);
+  return tools.any && !tools.unbounded && !stored ? allowed : Math.min(MAX_TOKENS, allowed + MAX_UNBOUNDED_SEARCHES);
 }
 
 /**
